@@ -1,0 +1,89 @@
+"""The broker's one configuration object, read from the environment (prefix ``BROKER_``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the broker; environment variables are ``BROKER_<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix="BROKER_", extra="ignore")
+
+    data_dir: Path = Field(default=Path(".broker"), description="Local folder for embedded state.")
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default: SQLite file in data_dir."
+    )
+    admin_token: SecretStr | None = None
+
+    # Celery
+    celery_broker_url: str | None = Field(
+        default=None, description="Default: kombu's SQLAlchemy transport on a SQLite file."
+    )
+    celery_result_backend: str | None = None
+    tick_seconds: float = Field(default=5.0, gt=0, description="Beat interval of tick (wall s).")
+    reconcile_seconds: float = Field(default=30.0, gt=0)
+    refresh_prices_seconds: float = Field(default=3600.0, gt=0)
+
+    # Time
+    clock_scale: float = Field(default=1.0, gt=0, description="Simulated seconds per wall second.")
+    clock_epoch: datetime | None = Field(
+        default=None, description="Wall time at which the scaled clock equals itself."
+    )
+
+    # Clouds
+    aws_endpoint_url: str | None = None
+    aws_region: str = "us-east-1"
+    aws_access_key_id: str | None = None
+    aws_secret_access_key: SecretStr | None = None
+    aws_regions: list[str] = Field(default_factory=lambda: ["us-east-1", "us-east-2", "us-west-2"])
+    gcp_endpoint_url: str | None = None
+    gcp_project: str = "broker-local"
+    gcp_zones: list[str] = Field(
+        default_factory=lambda: ["us-central1-a", "us-central1-b", "us-east1-b"]
+    )
+    checkpoint_bucket: str = "broker-checkpoints"
+
+    # Local cloud
+    local_fault_rate: float = Field(default=0.0, ge=0, le=1)
+
+    # API
+    api_url: str = "http://127.0.0.1:8000"
+    api_token: SecretStr | None = None
+    max_body_bytes: int = Field(default=64 * 1024, gt=0)
+    log_format: str = Field(default="text", pattern="^(text|json)$")
+
+    # Test-only fault point: the name of a lifecycle step at which the worker exits.
+    fault_point: str | None = None
+
+    @field_validator("clock_epoch")
+    @classmethod
+    def _epoch_aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("clock_epoch must carry a UTC offset")
+        return value
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The database URL, defaulting to a SQLite file in ``data_dir``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'broker.db').resolve()}"
+
+    @property
+    def resolved_celery_broker_url(self) -> str:
+        """The Celery broker URL, defaulting to kombu's SQLAlchemy transport on SQLite."""
+        if self.celery_broker_url:
+            return self.celery_broker_url
+        return f"sqla+sqlite:///{(self.data_dir / 'celery.db').resolve()}"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings (cached; tests clear the cache to change them)."""
+    return Settings()

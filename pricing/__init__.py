@@ -1,0 +1,1 @@
+"""GPU offers and prices: the bundled catalog and its live refresh."""

@@ -1,0 +1,1 @@
+"""Cloud adapters behind one Provider protocol; ``providers.local`` runs clouds on a laptop."""

@@ -1,0 +1,1 @@
+"""Celery app and tasks: thin wrappers that call one lifecycle function each."""
