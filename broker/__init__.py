@@ -1,1 +1,1 @@
-"""GPU broker: plans, launches and pays for training jobs at the lowest price that meets their deadline."""
+"""GPU broker: plans, launches and pays for training jobs at the lowest price that is on time."""

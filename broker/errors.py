@@ -32,9 +32,10 @@ class Infeasible(BrokerError):
 class InvalidInput(BrokerError):
     code = "invalid"
 
-    def __init__(self, message: str, field: str | None = None) -> None:
+    def __init__(self, message: str, field: str | None = None, location: str = "body") -> None:
         super().__init__(message)
         self.field = field
+        self.location = location
 
 
 class IllegalTransition(Conflict):

@@ -1,0 +1,27 @@
+"""The FastAPI application: routers, error mapping, body size limit."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from broker.api.errors import install_error_handlers
+from broker.api.limits import BodySizeLimit
+from broker.api.routes import budget, health, jobs, teams
+from broker.settings import get_settings
+
+
+def create_app() -> FastAPI:
+    """A new app wired to the configured database and clock."""
+    app = FastAPI(
+        title="GPU broker",
+        version="1",
+        description="Deadline- and budget-aware GPU job broker (see API.md).",
+    )
+    for module in (teams, jobs, budget, health):
+        app.include_router(module.router)
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=get_settings().max_body_bytes)
+    return app
+
+
+app = create_app()

@@ -1,0 +1,77 @@
+"""Request dependencies: the database session, the clock's now, and the calling principal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import Depends, Header, HTTPException, status
+from sqlmodel import Session
+
+from broker import clock
+from broker.db import get_engine
+from broker.settings import get_settings
+from broker.teams import Principal, authenticate
+
+
+def get_session() -> Iterator[Session]:
+    """One session per request; services commit what they change."""
+    with Session(get_engine(), expire_on_commit=False) as session:
+        yield session
+
+
+def get_now() -> datetime:
+    """The broker's clock, read once per request."""
+    return clock.now()
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+NowDep = Annotated[datetime, Depends(get_now)]
+
+_UNAUTHORIZED = HTTPException(
+    status_code=status.HTTP_401_UNAUTHORIZED,
+    detail={"code": "unauthorized", "message": "missing or invalid bearer token"},
+    headers={"WWW-Authenticate": "Bearer"},
+)
+
+
+def get_principal(
+    session: SessionDep,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Principal:
+    """The admin or team behind ``Authorization: Bearer <token>``; 401 otherwise."""
+    if not authorization:
+        raise _UNAUTHORIZED
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise _UNAUTHORIZED
+    admin = get_settings().admin_token
+    principal = authenticate(session, token.strip(), admin.get_secret_value() if admin else None)
+    if principal is None:
+        raise _UNAUTHORIZED
+    return principal
+
+
+def require_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    """Admin routes: the admin token only (403 for a team key)."""
+    if not principal.is_admin:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            detail={"code": "forbidden", "message": "this route needs the admin token"},
+        )
+    return principal
+
+
+def require_team(principal: Annotated[Principal, Depends(get_principal)]) -> str:
+    """Team routes: a team key; returns the team id (403 for the admin token)."""
+    if principal.team_id is None:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            detail={"code": "forbidden", "message": "this route needs a team key"},
+        )
+    return principal.team_id
+
+
+AdminDep = Annotated[Principal, Depends(require_admin)]
+TeamDep = Annotated[str, Depends(require_team)]

@@ -1,0 +1,120 @@
+"""Turning service results into response bodies."""
+
+from __future__ import annotations
+
+from broker.api.schemas import (
+    AttemptOut,
+    BudgetOut,
+    CheckpointOut,
+    JobOut,
+    JobSummary,
+    PlanOut,
+    ProgressOut,
+    TeamOut,
+)
+from broker.ledger import BudgetFigures
+from broker.models import Attempt, Checkpoint, Job, Team
+from broker.money import format_usd
+from broker.queries import JobView
+
+
+def budget_out(figures: BudgetFigures) -> BudgetOut:
+    return BudgetOut(
+        limit=format_usd(figures.limit),
+        period=figures.period,
+        period_start=figures.period_start,
+        spent=format_usd(figures.spent),
+        reserved=format_usd(figures.reserved),
+        available=format_usd(figures.available),
+        alert=figures.alert,
+        alert_at=figures.alert_at,
+    )
+
+
+def team_out(team: Team, figures: BudgetFigures) -> TeamOut:
+    return TeamOut(
+        id=team.id, name=team.name, budget=budget_out(figures), created_at=team.created_at
+    )
+
+
+def plan_out(plan: dict | None) -> PlanOut | None:
+    return PlanOut.model_validate(plan) if plan else None
+
+
+def progress_out(job: Job) -> ProgressOut:
+    fraction = min(job.work_done / job.total_work, 1.0) if job.total_work else 0.0
+    return ProgressOut(
+        work_done=job.work_done,
+        checkpointed_work=job.checkpointed_work,
+        total_work=job.total_work,
+        fraction=round(fraction, 6),
+    )
+
+
+def attempt_out(attempt: Attempt) -> AttemptOut:
+    return AttemptOut(
+        id=attempt.id,
+        provider=attempt.provider,
+        region=attempt.region,
+        zone=attempt.zone,
+        instance_type=attempt.instance_type,
+        gpu=attempt.gpu,
+        gpu_count=attempt.gpu_count,
+        market=attempt.market,
+        price_per_hour=format_usd(attempt.price_micros_per_hour),
+        instance_id=attempt.instance_id,
+        status=attempt.status,
+        started_at=attempt.started_at,
+        ended_at=attempt.ended_at,
+        end_reason=attempt.end_reason,
+        billed_seconds=attempt.billed_seconds,
+        cost=format_usd(attempt.cost_micros),
+        work_done=attempt.work_done,
+    )
+
+
+def checkpoint_out(checkpoint: Checkpoint) -> CheckpointOut:
+    return CheckpointOut(
+        id=checkpoint.id,
+        attempt_id=checkpoint.attempt_id,
+        work_done=checkpoint.work_done,
+        object_key=checkpoint.object_key,
+        created_at=checkpoint.created_at,
+    )
+
+
+def job_summary(job: Job) -> JobSummary:
+    return JobSummary(
+        id=job.id,
+        name=job.name,
+        status=job.status,
+        market=job.market,
+        plan=plan_out(job.plan),
+        max_cost=format_usd(job.max_cost_micros),
+        deadline=job.deadline,
+        progress=progress_out(job),
+        created_at=job.created_at,
+        finished_at=job.finished_at,
+    )
+
+
+def job_out(view: JobView) -> JobOut:
+    job = view.job
+    return JobOut(
+        id=job.id,
+        name=job.name,
+        status=job.status,
+        status_reason=job.status_reason,
+        spec=job.spec,
+        plan=plan_out(job.plan),
+        attempts=[attempt_out(a) for a in view.attempts],
+        checkpoints=[checkpoint_out(c) for c in view.checkpoints],
+        spent=format_usd(view.spent),
+        reserved=format_usd(view.reserved),
+        max_cost=format_usd(job.max_cost_micros),
+        deadline=job.deadline,
+        progress=progress_out(job),
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        finished_at=job.finished_at,
+    )

@@ -1,0 +1,38 @@
+"""Team routes: the team's budget and its spend report."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from pydantic import AwareDatetime
+
+from broker import teams
+from broker.api.deps import NowDep, SessionDep, TeamDep
+from broker.api.present import budget_out
+from broker.api.schemas import BudgetOut, SpendOut, SpendRow
+from broker.ledger import spend_report
+from broker.money import format_usd
+
+router = APIRouter(prefix="/v1", tags=["budget"])
+
+
+@router.get("/budget", response_model=BudgetOut)
+def get_budget(session: SessionDep, now: NowDep, team_id: TeamDep) -> BudgetOut:
+    _, figures = teams.budget_of(session, team_id, now)
+    return budget_out(figures)
+
+
+@router.get("/spend", response_model=SpendOut)
+def get_spend(
+    session: SessionDep,
+    team_id: TeamDep,
+    start: Annotated[AwareDatetime | None, Query()] = None,
+    end: Annotated[AwareDatetime | None, Query()] = None,
+    group_by: Annotated[Literal["day", "job", "provider"], Query()] = "day",
+) -> SpendOut:
+    rows = spend_report(session, team_id, start, end, group_by)
+    return SpendOut(
+        rows=[SpendRow(key=k, amount=format_usd(v)) for k, v in rows],
+        total=format_usd(sum(v for _, v in rows)),
+    )

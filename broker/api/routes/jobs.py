@@ -1,0 +1,60 @@
+"""Team routes: submit, list, show and cancel jobs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response, status
+
+from broker import admission, lifecycle, queries
+from broker.api.deps import NowDep, SessionDep, TeamDep
+from broker.api.present import job_out, job_summary
+from broker.api.schemas import JobOut, JobPage
+from broker.jobs import JobStatus
+from broker.spec import JobSpec
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+IdempotencyKey = Annotated[
+    str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)
+]
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut)
+def submit_job(
+    spec: JobSpec,
+    response: Response,
+    session: SessionDep,
+    now: NowDep,
+    team_id: TeamDep,
+    idempotency_key: IdempotencyKey = None,
+) -> JobOut:
+    job, created = admission.submit(session, team_id, spec, now, idempotency_key)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return job_out(queries.job_view(session, team_id, job.id))
+
+
+@router.get("", response_model=JobPage)
+def list_jobs(
+    session: SessionDep,
+    team_id: TeamDep,
+    status_filter: Annotated[JobStatus | None, Query(alias="status")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(max_length=64)] = None,
+) -> JobPage:
+    jobs, next_cursor = queries.list_jobs(
+        session, team_id, status_filter.value if status_filter else None, limit, cursor
+    )
+    return JobPage(items=[job_summary(j) for j in jobs], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=JobOut)
+def get_job(job_id: str, session: SessionDep, team_id: TeamDep) -> JobOut:
+    return job_out(queries.job_view(session, team_id, job_id))
+
+
+@router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut)
+def cancel_job(job_id: str, session: SessionDep, now: NowDep, team_id: TeamDep) -> JobOut:
+    lifecycle.cancel(session, team_id, job_id, now)
+    return job_out(queries.job_view(session, team_id, job_id))

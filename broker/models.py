@@ -1,0 +1,146 @@
+"""SQLModel tables: teams and keys, jobs and their attempts and checkpoints, the money ledger."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, UniqueConstraint
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in and out, also on SQLite (which stores no offset)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the database")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _ts(*, nullable: bool = False, index: bool = False) -> Any:
+    return Field(default=None, sa_column=Column(UTCDateTime(), nullable=nullable, index=index))
+
+
+def _micros(*, nullable: bool = False, default: int | None = 0) -> Any:
+    return Field(default=default, sa_column=Column(BigInteger, nullable=nullable))
+
+
+class Team(SQLModel, table=True):
+    """A team: owner of jobs, holder of one budget (hard limit) with an alert threshold."""
+
+    id: str = Field(primary_key=True, max_length=40)
+    name: str = Field(max_length=100, unique=True)
+    budget_limit_micros: int = _micros()
+    budget_period: str = Field(max_length=10)  # "month" | "total"
+    alert_at: float = 0.8
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+
+
+class ApiKey(SQLModel, table=True):
+    """A team key: only its SHA-256 hash and a short prefix are kept."""
+
+    __tablename__ = "api_key"
+
+    id: str = Field(primary_key=True, max_length=40)
+    team_id: str = Field(foreign_key="team.id", index=True, max_length=40)
+    name: str = Field(max_length=100)
+    prefix: str = Field(max_length=16)
+    token_hash: str = Field(max_length=64, unique=True)
+    created_at: datetime = _ts()
+    revoked_at: datetime | None = _ts(nullable=True)
+
+
+class Job(SQLModel, table=True):
+    """A training job: its spec as submitted, the chosen plan, status and progress."""
+
+    __table_args__ = (
+        UniqueConstraint("team_id", "idempotency_key", name="uq_job_team_idempotency_key"),
+        Index("ix_job_team_id_id", "team_id", "id"),
+    )
+
+    id: str = Field(primary_key=True, max_length=40)
+    team_id: str = Field(foreign_key="team.id", max_length=40)
+    name: str = Field(max_length=200)
+    status: str = Field(max_length=20, index=True)
+    status_reason: str | None = Field(default=None, max_length=500)
+    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    plan: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    market: str = Field(max_length=10)
+    total_work: float
+    work_done: float = 0.0
+    checkpointed_work: float = 0.0
+    deadline: datetime = _ts()
+    max_cost_micros: int = _micros()
+    priority: int = 0
+    idempotency_key: str | None = Field(default=None, max_length=200)
+    request_hash: str | None = Field(default=None, max_length=64)
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+    finished_at: datetime | None = _ts(nullable=True)
+
+
+class Attempt(SQLModel, table=True):
+    """One instance launched for a job, with what it has cost so far."""
+
+    id: str = Field(primary_key=True, max_length=40)
+    job_id: str = Field(foreign_key="job.id", index=True, max_length=40)
+    team_id: str = Field(foreign_key="team.id", max_length=40)
+    provider: str = Field(max_length=20)
+    region: str = Field(max_length=40)
+    zone: str = Field(max_length=40)
+    instance_type: str = Field(max_length=60)
+    gpu: str = Field(max_length=40)
+    gpu_count: int
+    market: str = Field(max_length=10)
+    price_micros_per_hour: int = _micros()
+    instance_id: str | None = Field(default=None, max_length=100)
+    status: str = Field(max_length=20, index=True)  # launching | running | ended
+    token_hash: str = Field(max_length=64)
+    work_at_start: float = 0.0
+    work_done: float = 0.0
+    started_at: datetime | None = _ts(nullable=True)
+    ended_at: datetime | None = _ts(nullable=True)
+    end_reason: str | None = Field(default=None, max_length=20)
+    billed_seconds: float = 0.0
+    cost_micros: int = _micros()
+    created_at: datetime = _ts()
+
+
+class Checkpoint(SQLModel, table=True):
+    """A checkpoint the training side saved: the work it holds and where it lies."""
+
+    id: str = Field(primary_key=True, max_length=40)
+    job_id: str = Field(foreign_key="job.id", index=True, max_length=40)
+    attempt_id: str | None = Field(default=None, foreign_key="attempt.id", max_length=40)
+    work_done: float
+    object_key: str = Field(max_length=500)
+    created_at: datetime = _ts()
+
+
+class LedgerEntry(SQLModel, table=True):
+    """One movement of money: a reservation, its release, or spend."""
+
+    __tablename__ = "ledger_entry"
+    __table_args__ = (Index("ix_ledger_team_kind_created", "team_id", "kind", "created_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    team_id: str = Field(foreign_key="team.id", max_length=40)
+    job_id: str | None = Field(default=None, foreign_key="job.id", index=True, max_length=40)
+    attempt_id: str | None = Field(default=None, foreign_key="attempt.id", max_length=40)
+    kind: str = Field(max_length=10)  # reserve | release | spend
+    amount_micros: int = _micros()
+    created_at: datetime = _ts()

@@ -1,0 +1,101 @@
+"""The job spec of API.md as validated pydantic models (unknown fields are rejected)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PlainSerializer,
+    Tag,
+)
+
+
+def _money_in(value: Any) -> Any:
+    if isinstance(value, float):
+        raise ValueError('money must be a decimal string such as "12.50", not a JSON number')
+    return value
+
+
+Money = Annotated[
+    Decimal,
+    BeforeValidator(_money_in),
+    Field(ge=0, le=Decimal("10000000"), max_digits=14, decimal_places=6),
+    PlainSerializer(lambda v: str(v), return_type=str),
+]
+"""USD as a decimal string ("12.50"); at most 6 decimals, at most 10 million."""
+
+Name = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][\w .\-]*$")]
+Short = Annotated[str, Field(min_length=1, max_length=40)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelWorkload(Strict):
+    """A model the throughput model knows, trained for ``steps`` iterations."""
+
+    model: Short
+    batch_size: int | None = Field(default=None, ge=1, le=1_000_000)
+    steps: int = Field(ge=1, le=10**12)
+
+
+class ReferenceWorkload(Strict):
+    """Work given as GPU-hours on a reference GPU."""
+
+    reference_gpu_hours: float = Field(gt=0, le=1_000_000)
+    reference_gpu: Short = "V100"
+
+
+class Resources(Strict):
+    """GPU constraints; lists restrict, absence allows all."""
+
+    gpus: int = Field(ge=1, le=64)
+    gpu_types: list[Short] | None = Field(default=None, max_length=50)
+    min_gpu_memory_gb: float | None = Field(default=None, ge=0, le=1024)
+    providers: list[Literal["aws", "gcp"]] | None = Field(default=None, max_length=10)
+    regions: list[Short] | None = Field(default=None, max_length=100)
+    vcpus_per_gpu: float | None = Field(default=None, ge=0, le=512)
+    ram_gb_per_gpu: float | None = Field(default=None, ge=0, le=4096)
+
+
+class CheckpointSpec(Strict):
+    interval_minutes: float = Field(default=30, gt=0, le=24 * 60)
+    size_gb: float = Field(default=5, ge=0, le=10_000)
+
+
+def _workload_kind(value: Any) -> str:
+    # Pick the variant by its keys so that errors name the fields of the right one.
+    if isinstance(value, dict):
+        return "reference" if "reference_gpu_hours" in value else "model"
+    return "reference" if isinstance(value, ReferenceWorkload) else "model"
+
+
+class JobSpec(Strict):
+    """What a team submits (and quotes): work, resources, deadline, max cost."""
+
+    name: Name
+    workload: Annotated[
+        Annotated[ModelWorkload, Tag("model")] | Annotated[ReferenceWorkload, Tag("reference")],
+        Discriminator(_workload_kind),
+    ]
+    resources: Resources
+    deadline: AwareDatetime
+    max_cost: Money
+    market: Literal["auto", "spot", "on_demand"] = "auto"
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    priority: int = Field(default=0, ge=0, le=100)
+
+    @property
+    def total_work(self) -> float:
+        """Steps for a model workload, reference GPU-hours otherwise."""
+        if isinstance(self.workload, ModelWorkload):
+            return float(self.workload.steps)
+        return float(self.workload.reference_gpu_hours)

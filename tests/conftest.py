@@ -1,0 +1,133 @@
+"""Shared fixtures: a real database (SQLite, or PostgreSQL when BROKER_TEST_DATABASE_URL is
+set), the app on it, a manual clock, and helpers to make teams and keys."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine, make_url
+from sqlmodel import SQLModel
+
+ADMIN_TOKEN = "adm_test_" + secrets.token_hex(8)
+START = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+
+def _fresh_postgres(base_url: str) -> tuple[str, str]:
+    """Create a database of our own next to ``base_url``'s; returns (url, name)."""
+    name = f"broker_test_{secrets.token_hex(4)}"
+    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+    return make_url(base_url).set(database=name).render_as_string(hide_password=False), name
+
+
+def _drop_postgres(base_url: str, name: str) -> None:
+    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A fresh, empty database for this test session, dropped afterwards."""
+    base = os.environ.get("BROKER_TEST_DATABASE_URL")
+    if base:
+        url, name = _fresh_postgres(base)
+        yield url
+        _drop_postgres(base, name)
+        return
+    with tempfile.TemporaryDirectory(prefix="broker-test-") as folder:
+        yield f"sqlite:///{Path(folder) / 'broker.db'}"
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="broker-data-") as folder:
+        yield Path(folder)
+
+
+@pytest.fixture(scope="session")
+def engine(database_url: str, data_dir: Path) -> Iterator[Engine]:
+    """The broker's engine on the test database, migrated to head."""
+    from broker import db, settings
+
+    os.environ["BROKER_DATABASE_URL"] = database_url
+    os.environ["BROKER_ADMIN_TOKEN"] = ADMIN_TOKEN
+    os.environ["BROKER_DATA_DIR"] = str(data_dir)
+    settings.get_settings.cache_clear()
+    db.get_engine.cache_clear()
+    engine = db.get_engine()
+    db.create_schema(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def db_engine(engine: Engine) -> Iterator[Engine]:
+    """The engine, with every table emptied after the test."""
+    yield engine
+    with engine.begin() as connection:
+        for table in reversed(SQLModel.metadata.sorted_tables):
+            connection.execute(table.delete())
+
+
+@pytest.fixture
+def clock() -> Iterator[object]:
+    """A manual broker clock at START for the test."""
+    from broker.clock import ManualClock, set_clock
+
+    manual = ManualClock(START)
+    set_clock(manual)
+    yield manual
+    set_clock(None)
+
+
+@pytest.fixture
+def app(db_engine: Engine, clock: object):  # type: ignore[no-untyped-def]
+    from broker.api import create_app
+
+    return create_app()
+
+
+@pytest.fixture
+def client(app):  # type: ignore[no-untyped-def]
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def admin_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture
+def make_team(client, admin_headers):  # type: ignore[no-untyped-def]
+    """Create a team with a budget and a key; returns (team json, headers with its key)."""
+
+    def _make(name: str | None = None, limit: str = "1000.00", period: str = "month",
+              alert_at: float = 0.8) -> tuple[dict, dict[str, str]]:
+        body = {"name": name or f"team-{secrets.token_hex(3)}",
+                "budget": {"limit": limit, "period": period, "alert_at": alert_at}}
+        team = client.post("/v1/teams", json=body, headers=admin_headers)
+        assert team.status_code == 201, team.text
+        key = client.post(f"/v1/teams/{team.json()['id']}/keys", json={"name": "ci"},
+                          headers=admin_headers)
+        assert key.status_code == 201, key.text
+        return team.json(), {"Authorization": f"Bearer {key.json()['token']}"}
+
+    return _make
