@@ -36,9 +36,13 @@ def make_engine(url: str) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection) -> None:  # type: ignore[no-untyped-def]
-        # Take the write lock up front: read-then-write transactions (budget checks) serialize
-        # instead of failing with "database is locked" on upgrade.
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # Writers take the write lock up front (see begin_write), so read-then-write
+        # transactions queue on busy_timeout instead of failing on lock upgrade; readers
+        # stay deferred and never hold the lock across a thread hop.
+        if connection.get_execution_options().get(_WRITE):
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            connection.exec_driver_sql("BEGIN")
 
     return engine
 
@@ -47,6 +51,25 @@ def make_engine(url: str) -> Engine:
 def get_engine() -> Engine:
     """The process-wide engine for the configured database."""
     return make_engine(get_settings().resolved_database_url)
+
+
+_WRITE = "broker_write"
+
+
+def begin_write(session: Session) -> None:
+    """Start the session's transaction as a write transaction.
+
+    On SQLite this is BEGIN IMMEDIATE (a read transaction that is open is committed first, so
+    call this before the reads that the write depends on); on PostgreSQL a plain BEGIN, with
+    rows locked where needed by FOR UPDATE.
+    """
+    if session.get_bind().dialect.name != "sqlite":
+        return
+    if session.in_transaction():
+        if session.connection().get_execution_options().get(_WRITE):
+            return
+        session.commit()
+    session.connection(execution_options={_WRITE: True})
 
 
 def is_postgres(session: Session) -> bool:

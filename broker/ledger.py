@@ -14,7 +14,7 @@ from typing import Literal
 from sqlalchemy import case, func
 from sqlmodel import Session, select
 
-from broker.db import is_postgres
+from broker.db import begin_write, is_postgres
 from broker.errors import BudgetExceeded, InvalidInput, NotFound
 from broker.models import Attempt, Job, LedgerEntry, Team
 from broker.money import format_usd
@@ -53,8 +53,9 @@ def period_start(period: str, now: datetime) -> datetime | None:
 def lock_team(session: Session, team_id: str) -> Team:
     """Load the team row and hold it for this transaction (FOR UPDATE on PostgreSQL).
 
-    On SQLite every transaction already holds the database write lock (BEGIN IMMEDIATE).
+    On SQLite the transaction becomes a write transaction that holds the database lock.
     """
+    begin_write(session)
     statement = select(Team).where(Team.id == team_id)
     if is_postgres(session):
         statement = statement.with_for_update()

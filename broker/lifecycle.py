@@ -7,7 +7,7 @@ from datetime import datetime
 
 from sqlmodel import Session, select
 
-from broker.db import is_postgres
+from broker.db import begin_write, is_postgres
 from broker.errors import NotFound
 from broker.jobs import JobStatus, check_transition
 from broker.ledger import release
@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 
 def lock_job(session: Session, job_id: str, team_id: str | None = None) -> Job:
     """Load a job and hold its row for this transaction (FOR UPDATE on PostgreSQL)."""
+    begin_write(session)
     statement = select(Job).where(Job.id == job_id)
     if is_postgres(session):
         statement = statement.with_for_update()

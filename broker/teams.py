@@ -10,6 +10,7 @@ from datetime import datetime
 
 from sqlmodel import Session, select
 
+from broker.db import begin_write
 from broker.errors import Conflict, NotFound
 from broker.ids import new_id
 from broker.ledger import BudgetFigures, lock_team, team_budget
@@ -53,6 +54,7 @@ def create_team(
     session: Session, name: str, limit: int, period: str, alert_at: float, now: datetime
 ) -> Team:
     """A new team with its budget; names are unique (409 otherwise)."""
+    begin_write(session)
     if session.exec(select(Team).where(Team.name == name)).first() is not None:
         raise Conflict(f"a team named {name!r} already exists")
     team = Team(
@@ -112,6 +114,7 @@ def budget_of(session: Session, team_id: str, now: datetime) -> tuple[Team, Budg
 
 def create_key(session: Session, team_id: str, name: str, now: datetime) -> tuple[ApiKey, str]:
     """A new key for a team; the token is returned here and never again."""
+    begin_write(session)
     get_team(session, team_id)
     token = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(
@@ -129,6 +132,7 @@ def create_key(session: Session, team_id: str, name: str, now: datetime) -> tupl
 
 def revoke_key(session: Session, team_id: str, key_id: str, now: datetime) -> None:
     """Revoke a key at once; revoking twice is fine, a key of another team is NotFound."""
+    begin_write(session)
     key = session.get(ApiKey, key_id)
     if key is None or key.team_id != team_id:
         raise NotFound(f"key {key_id} not found")

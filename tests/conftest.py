@@ -131,3 +131,28 @@ def make_team(client, admin_headers):  # type: ignore[no-untyped-def]
         return team.json(), {"Authorization": f"Bearer {key.json()['token']}"}
 
     return _make
+
+
+@pytest.fixture
+def live_server(app):  # type: ignore[no-untyped-def]
+    """The app under a real uvicorn server on a free loopback port; yields its base URL."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)

@@ -1,0 +1,40 @@
+"""Concurrent submissions at the edge of a budget never overspend (real server, real DB)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from helpers import job_spec
+from sqlalchemy import func
+from sqlmodel import Session, select
+
+from broker.models import LedgerEntry
+
+
+def test_fifty_concurrent_submissions_accept_exactly_ten(live_server, make_team, db_engine):
+    team, headers = make_team(limit="100.00", period="total")
+    spec = job_spec(max_cost="10.00")
+
+    def submit(i: int) -> int:
+        with httpx.Client(base_url=live_server, headers=headers, timeout=60) as http:
+            return http.post("/v1/jobs", json={**spec, "name": f"race-{i}"}).status_code
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        codes = list(pool.map(submit, range(50)))
+
+    assert codes.count(201) == 10, codes
+    assert codes.count(402) == 40, codes
+    with Session(db_engine) as session:
+        reserved = session.exec(
+            select(func.sum(LedgerEntry.amount_micros)).where(
+                LedgerEntry.team_id == team["id"], LedgerEntry.kind == "reserve")
+        ).one()
+        entries = session.exec(
+            select(func.count()).select_from(LedgerEntry).where(LedgerEntry.team_id == team["id"])
+        ).one()
+    assert reserved == 100_000_000
+    assert entries == 10
+    with httpx.Client(base_url=live_server, headers=headers) as http:
+        budget = http.get("/v1/budget").json()
+    assert budget["available"] == "0.00" and budget["reserved"] == "100.00"
