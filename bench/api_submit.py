@@ -1,0 +1,143 @@
+"""Job submission throughput: the broker's POST /v1/jobs vs a bare FastAPI + SQLModel insert.
+
+Starts each app under uvicorn on a fresh PostgreSQL database, submits N jobs from concurrent
+httpx clients, prints req/s and p50/p99 latency for both, and a JSON line last.
+
+    python bench/api_submit.py [--jobs 2000] [--concurrency 16] [--pg postgresql+psycopg://...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = {
+    "name": "bench",
+    "workload": {"model": "ResNet-50", "batch_size": 128, "steps": 1000},
+    "resources": {"gpus": 1},
+    "deadline": "2027-06-01T00:00:00Z",
+    "max_cost": "1.00",
+}
+
+
+def fresh_database(base: str) -> tuple[str, str]:
+    name = f"broker_bench_{secrets.token_hex(4)}"
+    with create_engine(base, isolation_level="AUTOCOMMIT").connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    return make_url(base).set(database=name).render_as_string(hide_password=False), name
+
+
+def drop_database(base: str, name: str) -> None:
+    with create_engine(base, isolation_level="AUTOCOMMIT").connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start(app: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
+         "--log-level", "warning", "--no-access-log"],
+        cwd=ROOT, env={**os.environ, **env},
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            httpx.get(url + "/docs", timeout=1)
+            return process, url
+        except httpx.TransportError:
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"{app} did not start")
+
+
+async def hammer(url: str, headers: dict[str, str], jobs: int, concurrency: int) -> dict:
+    latencies: list[float] = []
+    failures = 0
+    counter = iter(range(jobs))
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal failures
+        for i in counter:
+            began = time.perf_counter()
+            response = await client.post("/v1/jobs", json={**SPEC, "name": f"bench-{i}"})
+            latencies.append(time.perf_counter() - began)
+            failures += response.status_code != 201
+
+    began = time.perf_counter()
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    elapsed = time.perf_counter() - began
+    ms = np.array(latencies) * 1000
+    return {"req_per_s": jobs / elapsed, "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99)), "failures": failures}
+
+
+def broker_headers(url: str, admin: str) -> dict[str, str]:
+    auth = {"Authorization": f"Bearer {admin}"}
+    team = httpx.post(f"{url}/v1/teams", headers=auth,
+                      json={"name": "bench", "budget": {"limit": "1000000.00"}}).json()
+    key = httpx.post(f"{url}/v1/teams/{team['id']}/keys", headers=auth, json={"name": "b"})
+    return {"Authorization": f"Bearer {key.json()['token']}"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--pg", default=os.environ.get(
+        "BROKER_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    args = parser.parse_args()
+
+    results = {}
+    for label in ("broker", "bare"):
+        url_db, name = fresh_database(args.pg)
+        try:
+            if label == "broker":
+                admin = "adm_" + secrets.token_hex(16)
+                env = {"BROKER_DATABASE_URL": url_db, "BROKER_ADMIN_TOKEN": admin}
+                subprocess.run([sys.executable, "-m", "broker.cli", "db", "upgrade"], cwd=ROOT,
+                               env={**os.environ, **env}, check=True, capture_output=True)
+                process, url = start("broker.api:app", env)
+                headers = broker_headers(url, admin)
+            else:
+                process, url = start("bench.bare_app:app", {"BARE_DATABASE_URL": url_db})
+                headers = {}
+            try:
+                results[label] = asyncio.run(hammer(url, headers, args.jobs, args.concurrency))
+            finally:
+                process.terminate()
+                process.wait(timeout=10)
+        finally:
+            drop_database(args.pg, name)
+        r = results[label]
+        print(f"{label:>6}: {r['req_per_s']:8.1f} req/s  p50 {r['p50_ms']:6.1f} ms  "
+              f"p99 {r['p99_ms']:6.1f} ms  failures {r['failures']}")
+    ratio = results["broker"]["req_per_s"] / results["bare"]["req_per_s"]
+    print(f" ratio: broker / bare insert = {ratio:.2f} (goal >= 0.5; p99 goal <= 100 ms)")
+    print(json.dumps({"bench": "api_submit", "jobs": args.jobs, "concurrency": args.concurrency,
+                      **{f"{k}_{m}": v for k, r in results.items() for m, v in r.items()},
+                      "ratio": ratio}))
+
+
+if __name__ == "__main__":
+    main()
