@@ -1,19 +1,47 @@
-"""Job state changes: each one function, one transaction, with the job row locked."""
+"""Job state changes: each one function, one transaction, with the job row locked.
+
+These functions touch only the database. The runner (``broker/runner.py``) calls the clouds
+between them: an attempt row is committed before its instance is launched (its id is the
+launch's idempotency token), and an attempt is marked ended before its instance is
+terminated, so a crash anywhere leaves either a retryable launch or an orphan for reconcile.
+Every function returns the instances the caller must terminate.
+"""
 
 from __future__ import annotations
 
 import logging
+import secrets
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from broker.db import begin_write, is_postgres
-from broker.errors import NotFound
-from broker.jobs import JobStatus, check_transition
-from broker.ledger import release
-from broker.models import Job
+from broker.errors import Conflict, NotFound
+from broker.ids import new_id
+from broker.jobs import JobStatus, check_transition, is_terminal
+from broker.ledger import book_spend, job_spent, release
+from broker.models import Attempt, Checkpoint, Job
+from broker.money import cost_micros
+from broker.teams import hash_token
 
 log = logging.getLogger(__name__)
+
+LAUNCHING, RUNNING, ENDED = "launching", "running", "ended"
+MIN_BILLED_SECONDS = {"aws": 60.0, "gcp": 60.0}
+MAX_LAUNCH_FAILURES = 8
+
+
+@dataclass(frozen=True)
+class ToTerminate:
+    """An instance whose attempt has ended and that the caller must terminate."""
+
+    attempt_id: str
+    provider: str
+    region: str
+    zone: str
+    instance_id: str
 
 
 def lock_job(session: Session, job_id: str, team_id: str | None = None) -> Job:
@@ -28,21 +56,310 @@ def lock_job(session: Session, job_id: str, team_id: str | None = None) -> Job:
     return job
 
 
-def _finish(
-    session: Session, job: Job, status: JobStatus, now: datetime, reason: str | None = None
-) -> None:
-    job.status = check_transition(job.status, status).value
+def live_attempts(session: Session, job_id: str) -> list[Attempt]:
+    """A job's attempts that have not ended (launching or running)."""
+    return list(
+        session.exec(
+            select(Attempt).where(
+                Attempt.job_id == job_id, col(Attempt.status).in_((LAUNCHING, RUNNING))
+            )
+        ).all()
+    )
+
+
+def billed_seconds(attempt: Attempt, until: datetime) -> float:
+    """Seconds billed for a started attempt up to ``until`` (per second, provider minimum)."""
+    if attempt.started_at is None:
+        return 0.0
+    elapsed = max((until - attempt.started_at).total_seconds(), 0.0)
+    return max(elapsed, MIN_BILLED_SECONDS.get(attempt.provider, 60.0))
+
+
+def _accrue(session: Session, job: Job, attempt: Attempt, now: datetime) -> int:
+    """Book what the attempt has cost since the last booking; returns the new amount."""
+    if attempt.status != RUNNING:
+        return 0
+    seconds = billed_seconds(attempt, now)
+    total = cost_micros(attempt.price_micros_per_hour, seconds)
+    delta = total - attempt.cost_micros
+    attempt.billed_seconds = seconds
+    if delta > 0:
+        attempt.cost_micros = total
+        book_spend(session, job, attempt, delta, now)
+    session.add(attempt)
+    return max(delta, 0)
+
+
+def _end_attempt(
+    session: Session, job: Job, attempt: Attempt, reason: str, now: datetime
+) -> ToTerminate | None:
+    """Settle an attempt's spend up to ``now`` and mark it ended."""
+    _accrue(session, job, attempt, now)
+    attempt.status = ENDED
+    attempt.end_reason = reason
+    attempt.ended_at = now
+    session.add(attempt)
+    if attempt.instance_id is None:
+        return None
+    return ToTerminate(
+        attempt.id, attempt.provider, attempt.region, attempt.zone, attempt.instance_id
+    )
+
+
+def _move(job: Job, status: JobStatus, now: datetime, reason: str | None = None) -> None:
+    # Staying in an unfinished status (provisioning again after a failed launch) is no move.
+    if job.status != status.value or is_terminal(job.status):
+        job.status = check_transition(job.status, status).value
     job.status_reason = reason
     job.updated_at = now
+
+
+def _finish(
+    session: Session, job: Job, status: JobStatus, now: datetime, reason: str
+) -> list[ToTerminate]:
+    """End every live attempt, move to a terminal status, release what is still reserved."""
+    attempt_reason = "completed" if status is JobStatus.SUCCEEDED else "stopped"
+    ended = [
+        _end_attempt(session, job, a, attempt_reason, now) for a in live_attempts(session, job.id)
+    ]
+    _move(job, status, now, reason)
     job.finished_at = now
+    session.flush()
     release(session, job, now)
     session.add(job)
+    log.info("job %s: %s", status.value, reason, extra={"job_id": job.id, "team_id": job.team_id})
+    return [t for t in ended if t is not None]
 
 
-def cancel(session: Session, team_id: str, job_id: str, now: datetime) -> Job:
-    """Cancel a team's unfinished job and release what it still has reserved (409 if finished)."""
+def cancel(session: Session, team_id: str, job_id: str, now: datetime) -> list[ToTerminate]:
+    """Cancel a team's unfinished job: settle its spend and release the rest (409 if finished)."""
     job = lock_job(session, job_id, team_id)
-    _finish(session, job, JobStatus.CANCELLED, now, "cancelled by the team")
+    ended = _finish(session, job, JobStatus.CANCELLED, now, "cancelled by the team")
     session.commit()
-    log.info("job cancelled", extra={"job_id": job.id, "team_id": team_id})
+    return ended
+
+
+def stop(
+    session: Session, job_id: str, status: JobStatus, reason: str, now: datetime
+) -> list[ToTerminate]:
+    """Stop an unfinished job in a terminal ``status`` (budget, deadline, failure, success)."""
+    job = lock_job(session, job_id)
+    if is_terminal(job.status):
+        session.rollback()
+        return []
+    ended = _finish(session, job, status, now, reason)
+    session.commit()
+    return ended
+
+
+def begin_attempt(
+    session: Session, job_id: str, plan: dict[str, Any], price_micros: int, now: datetime
+) -> tuple[Attempt, str] | None:
+    """Record a new attempt on ``plan`` (job -> provisioning) before anything is launched.
+
+    Returns the attempt and its agent token (shown only here), or None when the job has
+    finished or already has a live attempt.
+    """
+    job = lock_job(session, job_id)
+    if is_terminal(job.status) or live_attempts(session, job.id):
+        session.rollback()
+        return None
+    _move(job, JobStatus.PROVISIONING, now)
+    job.plan = plan
+    job.work_done = job.checkpointed_work
+    token = "att_" + secrets.token_urlsafe(24)
+    attempt = Attempt(
+        id=new_id("att"),
+        job_id=job.id,
+        team_id=job.team_id,
+        provider=plan["provider"],
+        region=plan["region"],
+        zone=plan["zone"],
+        instance_type=plan["instance_type"],
+        gpu=plan["gpu"],
+        gpu_count=plan["gpu_count"],
+        market=plan["market"],
+        price_micros_per_hour=price_micros,
+        status=LAUNCHING,
+        token_hash=hash_token(token),
+        work_at_start=job.checkpointed_work,
+        work_done=job.checkpointed_work,
+        created_at=now,
+    )
+    session.add(job)
+    session.add(attempt)
+    session.commit()
+    return attempt, token
+
+
+def launch_succeeded(
+    session: Session, attempt_id: str, instance_id: str, now: datetime
+) -> list[ToTerminate]:
+    """The cloud has the instance: attempt running from now, job running."""
+    attempt = _locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status != LAUNCHING or is_terminal(job.status):
+        # The job was stopped while the launch was under way: the instance must go.
+        attempt.instance_id = attempt.instance_id or instance_id
+        ended = _end_attempt(session, job, attempt, "stopped", now)
+        session.commit()
+        return [ended] if ended else []
+    attempt.instance_id = instance_id
+    attempt.status = RUNNING
+    attempt.started_at = now
+    _move(job, JobStatus.RUNNING, now)
+    session.add_all([attempt, job])
+    session.commit()
+    return []
+
+
+def launch_failed(session: Session, attempt_id: str, reason: str, now: datetime) -> int:
+    """The launch was refused (capacity, quota, error): end the attempt.
+
+    Returns how many launches of this job failed in a row; after MAX_LAUNCH_FAILURES the job
+    fails.
+    """
+    attempt = _locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status == LAUNCHING:
+        _end_attempt(session, job, attempt, reason, now)
+    session.flush()
+    failures = _consecutive_failures(session, job.id)
+    if failures >= MAX_LAUNCH_FAILURES and not is_terminal(job.status):
+        _finish(session, job, JobStatus.FAILED, now, f"{failures} launches failed in a row")
+    session.commit()
+    return failures
+
+
+def _consecutive_failures(session: Session, job_id: str) -> int:
+    attempts = session.exec(
+        select(Attempt).where(Attempt.job_id == job_id).order_by(col(Attempt.id).desc())
+    ).all()
+    count = 0
+    for attempt in attempts:
+        if attempt.end_reason not in ("capacity", "quota", "failed"):
+            break
+        count += 1
+    return count
+
+
+def _locked_attempt(session: Session, attempt_id: str) -> Attempt:
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        raise NotFound(f"attempt {attempt_id} not found")
+    lock_job(session, attempt.job_id)
+    session.refresh(attempt)
+    return attempt
+
+
+def preempted(session: Session, attempt_id: str, now: datetime) -> None:
+    """The cloud took the instance back: end the attempt, fall back to the latest checkpoint."""
+    attempt = _locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status == ENDED:
+        session.rollback()
+        return
+    _end_attempt(session, job, attempt, "preempted", now)
+    if not is_terminal(job.status):
+        _move(job, JobStatus.PREEMPTED, now, f"preempted in {attempt.zone}")
+        job.work_done = job.checkpointed_work
+        session.add(job)
+    session.commit()
+
+
+def migrate(session: Session, attempt_id: str, reason: str, now: datetime) -> list[ToTerminate]:
+    """Leave a running attempt on purpose (e.g. spot -> on-demand): job back to provisioning."""
+    attempt = _locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status != RUNNING or is_terminal(job.status):
+        session.rollback()
+        return []
+    ended = _end_attempt(session, job, attempt, "migrated", now)
+    _move(job, JobStatus.PROVISIONING, now, reason)
+    job.work_done = job.checkpointed_work
+    session.add(job)
+    session.commit()
+    return [ended] if ended else []
+
+
+def accrue(
+    session: Session, attempt_id: str, now: datetime, lookahead_seconds: float
+) -> list[ToTerminate]:
+    """Book a running attempt's spend to ``now``; stop the job before it would overspend.
+
+    The job stops as budget_exhausted when its spend, plus what the attempt costs over the
+    next ``lookahead_seconds``, would pass the job's max_cost.
+    """
+    attempt = _locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status != RUNNING or is_terminal(job.status):
+        session.rollback()
+        return []
+    _accrue(session, job, attempt, now)
+    session.flush()
+    next_cost = cost_micros(attempt.price_micros_per_hour, lookahead_seconds)
+    if job_spent(session, job.id) + next_cost > job.max_cost_micros:
+        ended = _finish(
+            session,
+            job,
+            JobStatus.BUDGET_EXHAUSTED,
+            now,
+            "max_cost would be exceeded before the next check",
+        )
+        session.commit()
+        return ended
+    session.commit()
+    return []
+
+
+def record_progress(
+    session: Session,
+    attempt_id: str,
+    token: str,
+    work_done: float,
+    checkpoint_key: str | None,
+    now: datetime,
+) -> Job:
+    """A training instance reports work done (and maybe a saved checkpoint) for its attempt."""
+    import hmac
+
+    attempt = _locked_attempt(session, attempt_id)
+    if not hmac.compare_digest(attempt.token_hash, hash_token(token)):
+        raise NotFound(f"attempt {attempt_id} not found")
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status == ENDED or is_terminal(job.status):
+        raise Conflict(f"attempt {attempt_id} has ended")
+    work = min(max(work_done, attempt.work_done), job.total_work)
+    attempt.work_done = work
+    job.work_done = max(job.work_done, work)
+    if checkpoint_key:
+        session.add(
+            Checkpoint(
+                id=new_id("ckpt"),
+                job_id=job.id,
+                attempt_id=attempt.id,
+                work_done=work,
+                object_key=checkpoint_key,
+                created_at=now,
+            )
+        )
+        job.checkpointed_work = max(job.checkpointed_work, work)
+    job.updated_at = now
+    session.add_all([attempt, job])
+    session.commit()
     return job
+
+
+def latest_checkpoint(session: Session, job_id: str) -> Checkpoint | None:
+    """The checkpoint holding the most work for a job."""
+    return session.exec(
+        select(Checkpoint)
+        .where(Checkpoint.job_id == job_id)
+        .order_by(col(Checkpoint.work_done).desc(), col(Checkpoint.id).desc())
+    ).first()
