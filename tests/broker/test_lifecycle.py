@@ -1,0 +1,144 @@
+"""Lifecycle transitions on a real database: attempts, spend, preemption, stops."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from helpers import job_spec
+from sqlmodel import Session, select
+
+from broker import admission, lifecycle
+from broker.errors import Conflict, IllegalTransition, NotFound
+from broker.jobs import JobStatus
+from broker.ledger import job_reserved, job_spent
+from broker.models import Attempt, Job, LedgerEntry
+from broker.spec import JobSpec
+from broker.teams import create_team
+
+PLAN = {"provider": "aws", "region": "us-east-1", "zone": "use1-az1",
+        "instance_type": "p3.2xlarge", "gpu": "V100", "gpu_count": 1, "market": "spot"}
+PRICE = 918_000  # 0.918 $/h
+
+
+@pytest.fixture
+def session(db_engine):
+    with Session(db_engine, expire_on_commit=False) as s:
+        yield s
+
+
+@pytest.fixture
+def job(session, clock):
+    team = create_team(session, "t", 1_000_000_000, "month", 0.8, clock.now())
+    spec = JobSpec.model_validate(job_spec(max_cost="20.00"))
+    created, _ = admission.submit(session, team.id, spec, clock.now())
+    return created
+
+
+def _running(session, job, clock):
+    attempt, token = lifecycle.begin_attempt(session, job.id, PLAN, PRICE, clock.now())
+    lifecycle.launch_succeeded(session, attempt.id, "i-123", clock.now())
+    return attempt, token
+
+
+def test_attempt_runs_and_books_per_second_spend(session, job, clock):
+    attempt, _ = _running(session, job, clock)
+    assert session.get(Job, job.id).status == "running"
+    clock.advance(30)
+    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)
+    assert job_spent(session, job.id) == 15_300  # the 60 s minimum: 0.918 * 60 / 3600
+    clock.advance(3570)
+    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)
+    assert job_spent(session, job.id) == PRICE  # exactly one hour
+    assert job_reserved(session, job.id) == 20_000_000 - PRICE
+
+
+def test_ledger_equals_billed_seconds_times_price(session, job, clock):
+    attempt, _ = _running(session, job, clock)
+    for step in (100, 250, 7, 1000):
+        clock.advance(step)
+        lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)
+    ended = lifecycle.stop(session, job.id, JobStatus.SUCCEEDED, "work reached", clock.now())
+    assert [t.instance_id for t in ended] == ["i-123"]
+    attempt = session.get(Attempt, attempt.id)
+    assert attempt.billed_seconds == 1357
+    assert job_spent(session, job.id) == -(-PRICE * 1357 // 3600)
+    assert job_reserved(session, job.id) == 0
+
+
+def test_preemption_falls_back_to_latest_checkpoint(session, job, clock):
+    attempt, token = _running(session, job, clock)
+    lifecycle.record_progress(session, attempt.id, token, 1000, "ckpt/1000", clock.now())
+    lifecycle.record_progress(session, attempt.id, token, 1500, None, clock.now())
+    lifecycle.preempted(session, attempt.id, clock.now())
+    reloaded = session.get(Job, job.id)
+    assert reloaded.status == "preempted"
+    assert reloaded.work_done == 1000 and reloaded.checkpointed_work == 1000
+    assert lifecycle.latest_checkpoint(session, job.id).object_key == "ckpt/1000"
+    second, _ = lifecycle.begin_attempt(session, job.id, {**PLAN, "zone": "use1-az2"}, PRICE,
+                                        clock.now())
+    assert second.work_at_start == 1000
+
+
+def test_progress_with_wrong_token_is_not_found(session, job, clock):
+    attempt, _ = _running(session, job, clock)
+    with pytest.raises(NotFound):
+        lifecycle.record_progress(session, attempt.id, "att_wrong", 10, None, clock.now())
+
+
+def test_progress_after_end_is_conflict(session, job, clock):
+    attempt, token = _running(session, job, clock)
+    lifecycle.stop(session, job.id, JobStatus.CANCELLED, "test", clock.now())
+    with pytest.raises(Conflict):
+        lifecycle.record_progress(session, attempt.id, token, 10, None, clock.now())
+
+
+def test_budget_exhausted_stops_before_overspending(session, job, clock):
+    attempt, _ = _running(session, job, clock)
+    now = clock.now()
+    stopped = []
+    while not stopped:
+        now += timedelta(minutes=10)
+        stopped = lifecycle.accrue(session, attempt.id, now, lookahead_seconds=600)
+    reloaded = session.get(Job, job.id)
+    assert reloaded.status == "budget_exhausted"
+    assert job_spent(session, job.id) <= 20_000_000
+    assert job_reserved(session, job.id) == 0
+
+
+def test_capacity_failures_in_a_row_fail_the_job(session, job, clock):
+    for _ in range(lifecycle.MAX_LAUNCH_FAILURES):
+        attempt, _ = lifecycle.begin_attempt(session, job.id, PLAN, PRICE, clock.now())
+        lifecycle.launch_failed(session, attempt.id, "capacity", clock.now())
+    reloaded = session.get(Job, job.id)
+    assert reloaded.status == "failed"
+    assert job_spent(session, job.id) == 0 and job_reserved(session, job.id) == 0
+
+
+def test_second_live_attempt_is_refused(session, job, clock):
+    _running(session, job, clock)
+    assert lifecycle.begin_attempt(session, job.id, PLAN, PRICE, clock.now()) is None
+
+
+def test_launch_finishing_after_cancel_hands_back_instance(session, job, clock):
+    attempt, _ = lifecycle.begin_attempt(session, job.id, PLAN, PRICE, clock.now())
+    lifecycle.stop(session, job.id, JobStatus.CANCELLED, "test", clock.now())
+    ended = lifecycle.launch_succeeded(session, attempt.id, "i-late", clock.now())
+    assert [t.instance_id for t in ended] == ["i-late"]
+
+
+def test_migration_returns_to_provisioning(session, job, clock):
+    attempt, _ = _running(session, job, clock)
+    clock.advance(120)
+    ended = lifecycle.migrate(session, attempt.id, "deadline close: on-demand", clock.now())
+    assert [t.instance_id for t in ended] == ["i-123"]
+    assert session.get(Job, job.id).status == "provisioning"
+
+
+def test_finished_job_cannot_be_stopped_again(session, job, clock):
+    lifecycle.stop(session, job.id, JobStatus.DEADLINE_MISSED, "late", clock.now())
+    assert lifecycle.stop(session, job.id, JobStatus.FAILED, "x", clock.now()) == []
+    with pytest.raises(IllegalTransition):
+        lifecycle.cancel(session, job.team_id, job.id, clock.now())
+    kinds = [e.kind for e in session.exec(select(LedgerEntry)).all()]
+    assert kinds == ["reserve", "release"]
