@@ -1,0 +1,264 @@
+"""AWS EC2 behind the Provider protocol, through boto3 (any endpoint: AWS or the moto server).
+
+``launched_at`` is EC2's ``LaunchTime`` (wall time as the endpoint reports it); the
+lifecycle bills from the broker's clock, so only use it to order or display launches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from broker import clock
+from broker.settings import Settings
+from providers.aws_errors import to_domain_error
+from providers.base import (
+    MANAGED_TAG,
+    REASON_SPOT_PREEMPTED,
+    TAG_ATTEMPT,
+    InstanceNotFound,
+    InstanceRef,
+    InstanceState,
+    LaunchRequest,
+    ProviderError,
+)
+from providers.retry import RetryPolicy
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SPOT_TERMINATION_CODE = "Server.SpotInstanceTermination"
+DLAMI_OWNER = "898082745236"  # AWS's Deep Learning AMI account
+DLAMI_NAME = "Deep Learning*Ubuntu*"
+_ENDED = ("shutting-down", "terminated", "stopping", "stopped")
+_REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
+
+
+def client_token(token: str) -> str:
+    """The EC2 ``ClientToken`` for an attempt id (at most 64 ASCII characters)."""
+    if len(token) <= 64 and token.isascii() and token.isprintable():
+        return token
+    return hashlib.sha256(token.encode()).hexdigest()[:64]
+
+
+class AwsProvider:
+    """EC2 instances for the broker: one boto3 client per region, retried on transient errors."""
+
+    name = "aws"
+
+    def __init__(
+        self,
+        *,
+        endpoint_url: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        regions: Sequence[str] = ("us-east-1",),
+        image_id: str | None = None,
+        image_ids: dict[str, str] | None = None,
+        retry: RetryPolicy | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 30.0,
+    ) -> None:
+        self.endpoint_url = endpoint_url
+        self.regions = list(regions)
+        self._session = boto3.session.Session(
+            aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key
+        )
+        # Retries are ours (tenacity), so botocore must not retry underneath them.
+        self._config = Config(
+            retries={"mode": "standard", "total_max_attempts": 1},
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+        )
+        self._image_id = image_id
+        self._images: dict[str, str] = dict(image_ids or {})
+        self._retry = retry or RetryPolicy()
+        self._clients: dict[str, Any] = {}
+        self._zones: dict[str, dict[str, str]] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> AwsProvider:
+        """Build from ``BROKER_AWS_*`` settings; keyword overrides win."""
+        secret = settings.aws_secret_access_key
+        options: dict[str, Any] = {
+            "endpoint_url": settings.aws_endpoint_url,
+            "access_key_id": settings.aws_access_key_id,
+            "secret_access_key": secret.get_secret_value() if secret else None,
+            "regions": settings.aws_regions,
+        }
+        options.update(overrides)
+        return cls(**options)
+
+    def launch(self, request: LaunchRequest) -> InstanceRef:
+        """RunInstances with a ClientToken from the attempt id (a repeat returns the same one)."""
+        zone = self.resolve_zone(request.region, request.zone)
+        tags = {TAG_ATTEMPT: request.token, **request.tags}
+        tag_list = [{"Key": k, "Value": str(v)} for k, v in tags.items()]
+        params: dict[str, Any] = {
+            "ImageId": self._image_for(request.region),
+            "InstanceType": request.instance_type,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "ClientToken": client_token(request.token),
+            "Placement": {"AvailabilityZone": zone},
+            "UserData": json.dumps(request.user_data, sort_keys=True),
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": tag_list},
+                {"ResourceType": "volume", "Tags": tag_list},
+            ],
+        }
+        if request.market == "spot":
+            params["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": {
+                    "SpotInstanceType": "one-time",
+                    "InstanceInterruptionBehavior": "terminate",
+                },
+            }
+        client = self._client(request.region)
+        reply = self._call("RunInstances", lambda: client.run_instances(**params))
+        instance = reply["Instances"][0]
+        logger.info(
+            "launched EC2 instance",
+            extra={"attempt_id": request.token, "instance_id": instance["InstanceId"]},
+        )
+        return InstanceRef("aws", request.region, zone, instance["InstanceId"])
+
+    def describe(self, ref: InstanceRef) -> InstanceState:
+        """Status from DescribeInstances; a spot interruption shows as ``preempted``."""
+        client = self._client(ref.region)
+        reply = self._call(
+            "DescribeInstances", lambda: client.describe_instances(InstanceIds=[ref.instance_id])
+        )
+        instances = [i for r in reply.get("Reservations", []) for i in r.get("Instances", [])]
+        if not instances:
+            raise InstanceNotFound(f"EC2 instance {ref.instance_id} not found in {ref.region}")
+        return instance_state(instances[0])
+
+    def terminate(self, ref: InstanceRef) -> None:
+        """TerminateInstances; an instance already gone counts as terminated."""
+        client = self._client(ref.region)
+        try:
+            self._call(
+                "TerminateInstances",
+                lambda: client.terminate_instances(InstanceIds=[ref.instance_id]),
+            )
+        except InstanceNotFound:
+            logger.info("EC2 instance already gone", extra={"instance_id": ref.instance_id})
+
+    def list_managed(self, region: str) -> list[InstanceRef]:
+        """Every instance in ``region`` carrying the broker's tag, except terminated ones."""
+        client = self._client(region)
+        filters = [
+            {"Name": "tag-key", "Values": [MANAGED_TAG]},
+            {"Name": "instance-state-name", "Values": ["pending", "running", *_ENDED[:-1]]},
+        ]
+
+        def pages() -> list[dict[str, Any]]:
+            paginator = client.get_paginator("describe_instances")
+            return list(paginator.paginate(Filters=filters))
+
+        refs = []
+        for page in self._call("DescribeInstances", pages):
+            for reservation in page.get("Reservations", []):
+                for instance in reservation.get("Instances", []):
+                    zone = instance.get("Placement", {}).get("AvailabilityZone", "")
+                    refs.append(InstanceRef("aws", region, zone, instance["InstanceId"]))
+        return refs
+
+    def resolve_zone(self, region: str, zone: str) -> str:
+        """The zone name for a zone name or zone id (``use1-az2``), looked up once per region."""
+        with self._lock:
+            known = self._zones.get(region)
+        if known is None:
+            client = self._client(region)
+            reply = self._call(
+                "DescribeAvailabilityZones", lambda: client.describe_availability_zones()
+            )
+            known = {}
+            for item in reply.get("AvailabilityZones", []):
+                known[item["ZoneName"]] = item["ZoneName"]
+                if item.get("ZoneId"):
+                    known[item["ZoneId"]] = item["ZoneName"]
+            with self._lock:
+                self._zones[region] = known
+        if zone not in known:
+            raise ProviderError(f"zone {zone!r} is not a zone name or zone id of {region}")
+        return known[zone]
+
+    def _image_for(self, region: str) -> str:
+        if region in self._images:
+            return self._images[region]
+        if self._image_id:
+            return self._image_id
+        client = self._client(region)
+        reply = self._call(
+            "DescribeImages",
+            lambda: client.describe_images(
+                Owners=[DLAMI_OWNER],
+                Filters=[
+                    {"Name": "name", "Values": [DLAMI_NAME]},
+                    {"Name": "state", "Values": ["available"]},
+                ],
+            ),
+        )
+        images = sorted(reply.get("Images", []), key=lambda i: i.get("CreationDate", ""))
+        if not images:
+            raise ProviderError(f"no Deep Learning AMI found in {region}; pass image_id")
+        self._images[region] = images[-1]["ImageId"]
+        return self._images[region]
+
+    def _client(self, region: str) -> Any:
+        with self._lock:
+            if region not in self._clients:
+                self._clients[region] = self._session.client(
+                    "ec2", region_name=region, endpoint_url=self.endpoint_url, config=self._config
+                )
+            return self._clients[region]
+
+    def _call(self, action: str, fn: Callable[[], T]) -> T:
+        def mapped() -> T:
+            try:
+                return fn()
+            except (ClientError, BotoCoreError) as exc:
+                raise to_domain_error(exc, action) from exc
+
+        return self._retry.call(mapped)
+
+
+def instance_state(instance: dict[str, Any]) -> InstanceState:
+    """An ``InstanceState`` from one DescribeInstances item."""
+    state = instance.get("State", {}).get("Name", "pending")
+    reason_code = instance.get("StateReason", {}).get("Code") or None
+    transition = instance.get("StateTransitionReason") or ""
+    tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+    market = "spot" if instance.get("InstanceLifecycle") == "spot" else "on_demand"
+    launched_at = instance.get("LaunchTime") or clock.now()
+    launched_at = (
+        launched_at.replace(tzinfo=UTC) if launched_at.tzinfo is None else launched_at
+    ).astimezone(UTC)
+    if state in ("pending", "running"):
+        return InstanceState(state, None, launched_at, None, tags, market)
+    ended_at = None
+    match = _REASON_TIME.search(transition)
+    if match:
+        ended_at = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+    if reason_code == SPOT_TERMINATION_CODE:
+        return InstanceState(
+            "preempted", REASON_SPOT_PREEMPTED, launched_at, ended_at, tags, market
+        )
+    return InstanceState(
+        "terminated", reason_code or transition or state, launched_at, ended_at, tags, market
+    )

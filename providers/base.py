@@ -1,0 +1,135 @@
+"""The Provider protocol every cloud adapter implements, its value types and its errors."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from broker.errors import BrokerError
+
+Market = Literal["spot", "on_demand"]
+InstanceStatus = Literal["pending", "running", "terminated", "preempted"]
+
+TAG_JOB = "broker-job"
+TAG_ATTEMPT = "broker-attempt"
+TAG_TEAM = "broker-team"
+# Presence of this tag (label on GCP) is what makes an instance "managed by the broker".
+MANAGED_TAG = TAG_JOB
+
+REASON_SPOT_PREEMPTED = "spot_preempted"
+REASON_USER_TERMINATED = "user_terminated"
+
+
+class ProviderError(BrokerError):
+    """A cloud call failed for a reason not covered by a more specific error."""
+
+    code = "provider_error"
+
+
+class CapacityError(ProviderError):
+    """The zone has no capacity for this instance type and market right now."""
+
+    code = "capacity"
+
+
+class QuotaError(ProviderError):
+    """The account's quota (instances, vCPUs, GPUs) does not allow this launch."""
+
+    code = "quota"
+
+
+class TransientError(ProviderError):
+    """Throttling, a 5xx or a timeout: worth retrying with backoff."""
+
+    code = "transient"
+
+
+class InstanceNotFound(ProviderError):
+    """The cloud knows nothing about this instance (never existed or long gone)."""
+
+    code = "instance_not_found"
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """One instance to launch; ``token`` (the attempt id) makes the launch idempotent."""
+
+    token: str
+    provider: str
+    region: str
+    zone: str
+    instance_type: str
+    market: Market
+    gpu: str
+    gpu_count: int = 1
+    tags: dict[str, str] = field(default_factory=dict)
+    user_data: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.token:
+            raise ValueError("LaunchRequest.token must not be empty")
+        if self.market not in ("spot", "on_demand"):
+            raise ValueError(f"LaunchRequest.market must be spot or on_demand, not {self.market!r}")
+        if self.gpu_count < 0:
+            raise ValueError("LaunchRequest.gpu_count must be >= 0")
+
+
+@dataclass(frozen=True)
+class InstanceRef:
+    """Enough to find an instance again: on GCP ``instance_id`` is the instance name."""
+
+    provider: str
+    region: str
+    zone: str
+    instance_id: str
+
+
+@dataclass(frozen=True)
+class InstanceState:
+    """What the cloud says about an instance right now."""
+
+    status: InstanceStatus
+    reason: str | None
+    launched_at: datetime
+    terminated_at: datetime | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    market: Market | None = None
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """One cloud, seen by the broker: launch, describe, terminate, list what is ours."""
+
+    name: str
+
+    def launch(self, request: LaunchRequest) -> InstanceRef:
+        """Start the instance (or return the one already started for ``request.token``)."""
+        ...
+
+    def describe(self, ref: InstanceRef) -> InstanceState:
+        """The instance's current status; raises ``InstanceNotFound`` if it is unknown."""
+        ...
+
+    def terminate(self, ref: InstanceRef) -> None:
+        """Terminate the instance; terminating a gone instance is not an error."""
+        ...
+
+    def list_managed(self, region: str) -> list[InstanceRef]:
+        """Every live or recently ended instance in ``region`` tagged as the broker's."""
+        ...
+
+
+_LABEL_BAD = re.compile(r"[^a-z0-9_-]+")
+
+
+def sanitize_label(value: str, *, key: bool = False) -> str:
+    """A GCP label key or value: lowercase ``[a-z0-9_-]``, at most 63 characters.
+
+    Keys must also start with a letter, so a prefix is added when they do not.
+    """
+    cleaned = _LABEL_BAD.sub("-", value.lower())[:63]
+    if key and not cleaned[:1].isalpha():
+        cleaned = ("k-" + cleaned)[:63]
+    return cleaned

@@ -1,0 +1,292 @@
+"""Local AWS: moto's server in-process (EC2, S3) behind a middleware that adds what
+moto lacks and the broker relies on: ClientToken idempotency, spot capacity from the
+market replay, spot interruptions, and injected faults."""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from functools import lru_cache
+from typing import Any
+from urllib.parse import parse_qs
+from xml.sax.saxutils import escape
+
+from moto.ec2.models import ec2_backends
+from moto.ec2.models.instances import Instance, StateReason
+from moto.moto_server.werkzeug_app import (
+    DomainDispatcherApplication,
+    MotoRequestHandler,
+    create_backend_app,
+)
+from werkzeug.serving import BaseWSGIServer, make_server
+
+from pricing.traces import bundled_trace_dir
+from providers.local.faults import Fault, FaultInjector
+from providers.local.market import MarketReplay
+
+logger = logging.getLogger(__name__)
+
+SPOT_TERMINATION = StateReason(
+    "Server.SpotInstanceTermination: Spot instance termination", "Server.SpotInstanceTermination"
+)
+_SCOPE = re.compile(r"Credential=[^/]+/\d{8}/(?P<region>[^/]+)/(?P<service>[^/]+)/")
+StartResponse = Callable[..., Any]
+
+
+@lru_cache
+def _catalog_gpus() -> dict[str, str]:
+    path = bundled_trace_dir().parent / "aws-gpu-vms.csv"
+    with path.open(newline="") as handle:
+        return {row["InstanceType"]: row["AcceleratorName"] for row in csv.DictReader(handle)}
+
+
+def gpu_of_instance_type(instance_type: str) -> str:
+    """The GPU name of an EC2 instance type (``p3.2xlarge`` -> ``V100``), or "" if none."""
+    if instance_type in _catalog_gpus():
+        return _catalog_gpus()[instance_type]
+    from moto.ec2.models.instance_types import INSTANCE_TYPES
+
+    gpus = (INSTANCE_TYPES.get(instance_type, {}).get("GpuInfo") or {}).get("Gpus") or [{}]
+    return str(gpus[0].get("Name", ""))
+
+
+def _ec2_instances() -> Iterator[tuple[str, Any, Instance]]:
+    for account in list(ec2_backends.keys()):
+        for backend in list(ec2_backends[account].values()):
+            for reservation in list(backend.reservations.values()):
+                for instance in list(reservation.instances):
+                    yield reservation.id, backend, instance
+
+
+def _xml_response(
+    start_response: StartResponse, status: str, body: str, extra: Iterable[tuple[str, str]] = ()
+) -> list[bytes]:
+    data = body.encode()
+    headers = [("Content-Type", "text/xml"), ("Content-Length", str(len(data))), *extra]
+    start_response(status, headers)
+    return [data]
+
+
+def ec2_error(start_response: StartResponse, status: str, code: str, message: str) -> list[bytes]:
+    """Answer with EC2's XML error document."""
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error>'
+        f"<Code>{code}</Code><Message>{escape(message)}</Message></Error></Errors>"
+        f"<RequestID>{uuid.uuid4()}</RequestID></Response>"
+    )
+    return _xml_response(start_response, status, body)
+
+
+def s3_error(start_response: StartResponse, status: str, code: str, message: str) -> list[bytes]:
+    """Answer with S3's XML error document."""
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Error><Code>{code}</Code><Message>{escape(message)}</Message>"
+        f"<RequestId>{uuid.uuid4()}</RequestId></Error>"
+    )
+    return _xml_response(start_response, status, body)
+
+
+_FAULT_ANSWERS = {
+    ("ec2", Fault.THROTTLE): ("503 Service Unavailable", "RequestLimitExceeded"),
+    ("ec2", Fault.SERVER_ERROR): ("500 Internal Server Error", "InternalError"),
+    ("ec2", Fault.UNAVAILABLE): ("503 Service Unavailable", "Unavailable"),
+    ("s3", Fault.THROTTLE): ("503 Slow Down", "SlowDown"),
+    ("s3", Fault.SERVER_ERROR): ("500 Internal Server Error", "InternalError"),
+    ("s3", Fault.UNAVAILABLE): ("503 Service Unavailable", "ServiceUnavailable"),
+}
+
+
+class CloudBehaviour:
+    """WSGI middleware in front of moto: faults, spot capacity, ClientToken idempotency."""
+
+    def __init__(self, app: Any, market: MarketReplay | None, faults: FaultInjector | None) -> None:
+        self.app = app
+        self.market = market
+        self.faults = faults
+        self._launch_lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Any:
+        scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
+        service, region = (scope["service"], scope["region"]) if scope else ("", "")
+        if service in ("ec2", "s3") and self.faults is not None:
+            fault = self.faults.decide()
+            if fault is Fault.DELAY:
+                time.sleep(self.faults.delay_seconds)
+            elif fault is not None:
+                status, code = _FAULT_ANSWERS[(service, fault)]
+                answer = ec2_error if service == "ec2" else s3_error
+                return answer(start_response, status, code, f"injected fault: {fault}")
+        if service != "ec2" or environ.get("REQUEST_METHOD") != "POST":
+            return self.app(environ, start_response)
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length) if length else b""
+        environ["wsgi.input"] = io.BytesIO(body)
+        params = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+        if params.get("Action") == "TerminateInstances":
+            return self._terminate(params, environ, start_response)
+        if params.get("Action") != "RunInstances":
+            return self.app(environ, start_response)
+        with self._launch_lock:  # one RunInstances at a time keeps the token check exact
+            token = params.get("ClientToken")
+            existing = self._find_by_token(token) if token else None
+            if existing is not None:
+                return _xml_response(start_response, "200 OK", _run_instances_xml(*existing))
+            refusal = self._capacity_refusal(params)
+            if refusal:
+                return ec2_error(
+                    start_response,
+                    "500 Internal Server Error",
+                    "InsufficientInstanceCapacity",
+                    refusal,
+                )
+            return self.app(environ, start_response)
+
+    def _terminate(
+        self, params: dict[str, str], environ: dict[str, Any], start_response: StartResponse
+    ) -> Any:
+        # EC2 leaves an already terminated instance alone; moto would overwrite its state
+        # reason, and with it the evidence of a spot interruption.
+        ids = {v for k, v in params.items() if k.startswith("InstanceId.")}
+        ended = [
+            (i, i.state_reason, i._reason)
+            for _, _, i in _ec2_instances()
+            if i.id in ids and i.state == "terminated"
+        ]
+        answer = self.app(environ, start_response)
+        for instance, reason, transition in ended:
+            instance.state_reason, instance._reason = reason, transition
+        return answer
+
+    def _find_by_token(self, token: str) -> tuple[str, Any, Instance] | None:
+        for reservation_id, backend, instance in _ec2_instances():
+            if instance.client_token == token:
+                return reservation_id, backend, instance
+        return None
+
+    def _capacity_refusal(self, params: dict[str, str]) -> str | None:
+        zone = params.get("Placement.AvailabilityZone")
+        is_spot = params.get("InstanceMarketOptions.MarketType") == "spot"
+        if not (is_spot and zone and self.market):
+            return None
+        instance_type = params.get("InstanceType", "m1.small")
+        gpu = gpu_of_instance_type(instance_type)
+        if self.market.is_available("aws", zone, gpu):
+            return None
+        return (
+            f"We currently do not have sufficient {instance_type} capacity in the "
+            f"Availability Zone you requested ({zone}). Our system will be working on "
+            "provisioning additional capacity."
+        )
+
+
+def _iso(moment: Any) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.000Z") if hasattr(moment, "strftime") else str(moment)
+
+
+def _run_instances_xml(reservation_id: str, backend: Any, instance: Instance) -> str:
+    # What EC2 answers for a repeated ClientToken: the original reservation.
+    tags = "".join(
+        f"<item><key>{escape(t['key'])}</key><value>{escape(t['value'])}</value></item>"
+        for t in backend.describe_tags(filters={"resource-id": [instance.id]})
+    )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        '<RunInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+        f"<requestId>{uuid.uuid4()}</requestId><reservationId>{reservation_id}</reservationId>"
+        f"<ownerId>{backend.account_id}</ownerId><groupSet/><instancesSet><item>"
+        f"<instanceId>{instance.id}</instanceId><imageId>{instance.image_id}</imageId>"
+        f"<instanceState><code>{instance.state_code}</code><name>{instance.state}</name>"
+        f"</instanceState><instanceType>{instance.instance_type}</instanceType>"
+        f"<launchTime>{_iso(instance.launch_time)}</launchTime>"
+        f"<placement><availabilityZone>{instance.placement.zone}</availabilityZone></placement>"
+        f"<clientToken>{escape(instance.client_token or '')}</clientToken>"
+        f"<tagSet>{tags}</tagSet></item></instancesSet></RunInstancesResponse>"
+    )
+
+
+def preempt_spot_instances(market: MarketReplay) -> int:
+    """Terminate running spot instances where the market says spot is unavailable, as EC2 does."""
+    count = 0
+    for _, _, instance in _ec2_instances():
+        if instance.lifecycle != "spot" or instance.state not in ("pending", "running"):
+            continue
+        zone = instance.placement.zone or ""
+        if market.is_available("aws", zone, gpu_of_instance_type(instance.instance_type)):
+            continue
+        instance.terminate()
+        instance.state_reason = SPOT_TERMINATION
+        stamp = market.now().strftime("%Y-%m-%d %H:%M:%S")
+        instance._reason = f"Service initiated ({stamp} GMT)"
+        logger.info("spot interruption", extra={"instance_id": instance.id, "zone": zone})
+        count += 1
+    return count
+
+
+class _QuietHandler(MotoRequestHandler):
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        logger.debug("%s %s %s", self.command, self.path, code)
+
+
+class LocalAws:
+    """Moto's server on a free loopback port, with the market and faults in front of it."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        market: MarketReplay | None = None,
+        faults: FaultInjector | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.market = market
+        self.faults = faults
+        self._server: BaseWSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://127.0.0.1:<port>``, valid once started."""
+        if self._server is None:
+            raise RuntimeError("LocalAws is not started")
+        return f"http://{self.host}:{self._server.server_port}"
+
+    def start(self) -> LocalAws:
+        """Start serving in a daemon thread; attach the spot preemptor to the market."""
+        app = CloudBehaviour(
+            DomainDispatcherApplication(create_backend_app), self.market, self.faults
+        )
+        self._server = make_server(
+            self.host, self.port, app, threaded=True, request_handler=_QuietHandler
+        )
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="moto-server", daemon=True
+        )
+        self._thread.start()
+        if self.market is not None:
+            self.market.attach(preempt_spot_instances)
+        logger.info("local AWS listening", extra={"endpoint_url": self.endpoint_url})
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and release the port."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = self._thread = None
+
+    def __enter__(self) -> LocalAws:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
