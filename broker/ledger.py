@@ -79,22 +79,21 @@ def _signed_reserved() -> object:
 
 
 def team_budget(session: Session, team: Team, now: datetime) -> BudgetFigures:
-    """Limit, period spend and outstanding reservations of ``team`` at ``now``."""
+    """Limit, period spend and outstanding reservations of ``team`` at ``now`` (one query)."""
     start = period_start(team.budget_period, now)
-    spent_query = select(func.coalesce(func.sum(LedgerEntry.amount_micros), 0)).where(
-        LedgerEntry.team_id == team.id, LedgerEntry.kind == SPEND
-    )
+    in_period = LedgerEntry.kind == SPEND
     if start is not None:
-        spent_query = spent_query.where(LedgerEntry.created_at >= start)
-    reserved_query = select(_signed_reserved()).where(
-        LedgerEntry.team_id == team.id, LedgerEntry.kind.in_((RESERVE, RELEASE))
-    )
+        in_period = in_period & (LedgerEntry.created_at >= start)
+    spent = func.coalesce(func.sum(case((in_period, LedgerEntry.amount_micros), else_=0)), 0)
+    spent_micros, reserved_micros = session.exec(
+        select(spent, _signed_reserved()).where(LedgerEntry.team_id == team.id)
+    ).one()
     return BudgetFigures(
         limit=team.budget_limit_micros,
         period=team.budget_period,
         period_start=start,
-        spent=int(session.exec(spent_query).one()),
-        reserved=int(session.exec(reserved_query).one()),
+        spent=int(spent_micros),
+        reserved=int(reserved_micros),
         alert_at=team.alert_at,
     )
 

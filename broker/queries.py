@@ -49,6 +49,11 @@ def job_view(session: Session, team_id: str, job_id: str) -> JobView:
     )
 
 
+def new_job_view(job: Job, reserved: int) -> JobView:
+    """The view of a job just admitted: nothing launched, spent or saved yet."""
+    return JobView(job, [], [], 0, reserved)
+
+
 def list_jobs(
     session: Session, team_id: str, status: str | None, limit: int, cursor: str | None
 ) -> tuple[list[Job], str | None]:

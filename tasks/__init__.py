@@ -1,1 +1,8 @@
-"""Celery app and tasks: thin wrappers that call one lifecycle function each."""
+"""Celery app and tasks: thin wrappers that call one runner function each.
+
+``celery -A tasks worker`` and ``celery -A tasks beat`` find ``tasks.app``.
+"""
+
+from tasks.celery_app import app
+
+__all__ = ["app"]

@@ -32,7 +32,8 @@ def submit_job(
     job, created = admission.submit(session, team_id, spec, now, idempotency_key)
     if not created:
         response.status_code = status.HTTP_200_OK
-    return job_out(queries.job_view(session, team_id, job.id))
+        return job_out(queries.job_view(session, team_id, job.id))
+    return job_out(queries.new_job_view(job, reserved=job.max_cost_micros))
 
 
 @router.get("", response_model=JobPage)
