@@ -144,3 +144,27 @@ class LedgerEntry(SQLModel, table=True):
     kind: str = Field(max_length=10)  # reserve | release | spend
     amount_micros: int = _micros()
     created_at: datetime = _ts()
+
+
+class ThroughputCorrection(SQLModel, table=True):
+    """A learned factor on the throughput model's speed for one (model, GPU type)."""
+
+    __tablename__ = "throughput_correction"
+
+    model: str = Field(primary_key=True, max_length=60)
+    gpu: str = Field(primary_key=True, max_length=40)
+    factor: float = 1.0
+    observations: int = 0
+    updated_at: datetime = _ts()
+
+
+class PriceSnapshot(SQLModel, table=True):
+    """One price refresh: where prices came from, when, and whether it worked."""
+
+    __tablename__ = "price_snapshot"
+
+    id: int | None = Field(default=None, primary_key=True)
+    source: str = Field(max_length=40)
+    taken_at: datetime = _ts(index=True)
+    offers: int = 0
+    error: str | None = Field(default=None, max_length=1000)

@@ -11,33 +11,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import Engine, make_url
+from helpers import drop_postgres, fresh_postgres
+from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
 ADMIN_TOKEN = "adm_test_" + secrets.token_hex(8)
 START = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
-
-
-def _fresh_postgres(base_url: str) -> tuple[str, str]:
-    """Create a database of our own next to ``base_url``'s; returns (url, name)."""
-    name = f"broker_test_{secrets.token_hex(4)}"
-    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-    finally:
-        admin.dispose()
-    return make_url(base_url).set(database=name).render_as_string(hide_password=False), name
-
-
-def _drop_postgres(base_url: str, name: str) -> None:
-    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
 
 
 @pytest.fixture(scope="session")
@@ -45,9 +24,9 @@ def database_url() -> Iterator[str]:
     """A fresh, empty database for this test session, dropped afterwards."""
     base = os.environ.get("BROKER_TEST_DATABASE_URL")
     if base:
-        url, name = _fresh_postgres(base)
+        url, name = fresh_postgres(base)
         yield url
-        _drop_postgres(base, name)
+        drop_postgres(base, name)
         return
     with tempfile.TemporaryDirectory(prefix="broker-test-") as folder:
         yield f"sqlite:///{Path(folder) / 'broker.db'}"
@@ -119,14 +98,21 @@ def admin_headers() -> dict[str, str]:
 def make_team(client, admin_headers):  # type: ignore[no-untyped-def]
     """Create a team with a budget and a key; returns (team json, headers with its key)."""
 
-    def _make(name: str | None = None, limit: str = "1000.00", period: str = "month",
-              alert_at: float = 0.8) -> tuple[dict, dict[str, str]]:
-        body = {"name": name or f"team-{secrets.token_hex(3)}",
-                "budget": {"limit": limit, "period": period, "alert_at": alert_at}}
+    def _make(
+        name: str | None = None,
+        limit: str = "1000.00",
+        period: str = "month",
+        alert_at: float = 0.8,
+    ) -> tuple[dict, dict[str, str]]:
+        body = {
+            "name": name or f"team-{secrets.token_hex(3)}",
+            "budget": {"limit": limit, "period": period, "alert_at": alert_at},
+        }
         team = client.post("/v1/teams", json=body, headers=admin_headers)
         assert team.status_code == 201, team.text
-        key = client.post(f"/v1/teams/{team.json()['id']}/keys", json={"name": "ci"},
-                          headers=admin_headers)
+        key = client.post(
+            f"/v1/teams/{team.json()['id']}/keys", json={"name": "ci"}, headers=admin_headers
+        )
         assert key.status_code == 201, key.text
         return team.json(), {"Authorization": f"Bearer {key.json()['token']}"}
 

@@ -2,6 +2,32 @@
 
 from __future__ import annotations
 
+import secrets
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+
+def fresh_postgres(base_url: str) -> tuple[str, str]:
+    """Create a database of our own next to ``base_url``'s; returns (url, name)."""
+    name = f"broker_test_{secrets.token_hex(4)}"
+    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+    return make_url(base_url).set(database=name).render_as_string(hide_password=False), name
+
+
+def drop_postgres(base_url: str, name: str) -> None:
+    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
 
 def job_spec(**overrides: object) -> dict:
     """A valid job spec (API.md's example shape) with ``overrides`` applied."""

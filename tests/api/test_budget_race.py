@@ -28,7 +28,8 @@ def test_fifty_concurrent_submissions_accept_exactly_ten(live_server, make_team,
     with Session(db_engine) as session:
         reserved = session.exec(
             select(func.sum(LedgerEntry.amount_micros)).where(
-                LedgerEntry.team_id == team["id"], LedgerEntry.kind == "reserve")
+                LedgerEntry.team_id == team["id"], LedgerEntry.kind == "reserve"
+            )
         ).one()
         entries = session.exec(
             select(func.count()).select_from(LedgerEntry).where(LedgerEntry.team_id == team["id"])

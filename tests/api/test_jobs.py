@@ -13,8 +13,12 @@ def test_submit_reserves_max_cost_and_queues(client, make_team):
     assert job["status"] == "queued"
     assert job["reserved"] == "250.00"
     assert job["spent"] == "0.00"
-    assert job["progress"] == {"work_done": 0.0, "checkpointed_work": 0.0,
-                               "total_work": 40000.0, "fraction": 0.0}
+    assert job["progress"] == {
+        "work_done": 0.0,
+        "checkpointed_work": 0.0,
+        "total_work": 40000.0,
+        "fraction": 0.0,
+    }
     budget = client.get("/v1/budget", headers=headers).json()
     assert budget["reserved"] == "250.00"
     assert budget["available"] == "750.00"
@@ -63,10 +67,14 @@ def test_bad_specs_name_the_field(client, make_team):
         (job_spec(max_cost=250.0), ["body", "max_cost"]),
         (job_spec(market="cheap"), ["body", "market"]),
         (job_spec(resources={"gpus": 0}), ["body", "resources", "gpus"]),
-        (job_spec(resources={"gpus": 1, "providers": ["azure"]}),
-         ["body", "resources", "providers", 0]),
-        (job_spec(workload={"model": "ResNet-50", "steps": -1}),
-         ["body", "workload", "model", "steps"]),
+        (
+            job_spec(resources={"gpus": 1, "providers": ["azure"]}),
+            ["body", "resources", "providers", 0],
+        ),
+        (
+            job_spec(workload={"model": "ResNet-50", "steps": -1}),
+            ["body", "workload", "model", "steps"],
+        ),
         (job_spec(extra=1), ["body", "extra"]),
         (job_spec(name="x" * 101), ["body", "name"]),
     ]
@@ -86,8 +94,10 @@ def test_reference_gpu_hours_workload_is_accepted(client, make_team):
 
 def test_list_jobs_paginates_newest_first(client, make_team):
     _, headers = make_team(limit="10000.00")
-    ids = [client.post("/v1/jobs", json=job_spec(name=f"j{i}"), headers=headers).json()["id"]
-           for i in range(5)]
+    ids = [
+        client.post("/v1/jobs", json=job_spec(name=f"j{i}"), headers=headers).json()["id"]
+        for i in range(5)
+    ]
     seen: list[str] = []
     cursor = None
     while True:
@@ -143,8 +153,11 @@ def test_spend_report_empty_and_bad_range(client, make_team):
     response = client.get("/v1/spend", params={"group_by": "provider"}, headers=headers)
     assert response.status_code == 200
     assert response.json() == {"rows": [], "total": "0.00"}
-    bad = client.get("/v1/spend", params={"start": "2026-12-03T00:00:00Z",
-                                          "end": "2026-12-02T00:00:00Z"}, headers=headers)
+    bad = client.get(
+        "/v1/spend",
+        params={"start": "2026-12-03T00:00:00Z", "end": "2026-12-02T00:00:00Z"},
+        headers=headers,
+    )
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "end"]
     naive = client.get("/v1/spend", params={"start": "2026-12-03T00:00:00"}, headers=headers)
     assert naive.status_code == 422 and naive.json()["detail"][0]["loc"] == ["query", "start"]

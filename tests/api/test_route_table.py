@@ -19,16 +19,23 @@ def _routes(app) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
 
 
 def _fill(path: str) -> str:
-    return (path.replace("{team_id}", "team_x").replace("{key_id}", "key_x")
-            .replace("{job_id}", "job_x").replace("{attempt_id}", "att_x"))
+    return (
+        path.replace("{team_id}", "team_x")
+        .replace("{key_id}", "key_x")
+        .replace("{job_id}", "job_x")
+        .replace("{attempt_id}", "att_x")
+    )
 
 
 def test_every_route_needs_a_valid_token(app, client):
     for method, path in _routes(app):
         if (method, path) in PUBLIC:
             continue
-        for headers in ({}, {"Authorization": "Bearer brk_not-a-key"},
-                        {"Authorization": "Basic abc"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer brk_not-a-key"},
+            {"Authorization": "Basic abc"},
+        ):
             response = client.request(method, _fill(path), headers=headers, json={})
             assert response.status_code == 401, (method, path, headers, response.text)
 

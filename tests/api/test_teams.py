@@ -56,22 +56,27 @@ def test_list_and_get_teams(client, admin_headers, make_team):
 
 def test_patch_budget(client, admin_headers, make_team):
     team, _ = make_team(limit="100.00")
-    response = client.patch(f"/v1/teams/{team['id']}", headers=admin_headers,
-                            json={"budget": {"limit": "250.50", "period": "total"}})
+    response = client.patch(
+        f"/v1/teams/{team['id']}",
+        headers=admin_headers,
+        json={"budget": {"limit": "250.50", "period": "total"}},
+    )
     assert response.status_code == 200
     assert response.json()["budget"]["limit"] == "250.50"
     assert response.json()["budget"]["period"] == "total"
     assert response.json()["budget"]["period_start"] is None
-    bad = client.patch(f"/v1/teams/{team['id']}", headers=admin_headers,
-                       json={"budget": {"alert_at": 2}})
+    bad = client.patch(
+        f"/v1/teams/{team['id']}", headers=admin_headers, json={"budget": {"alert_at": 2}}
+    )
     assert bad.status_code == 422
     assert bad.json()["detail"][0]["loc"] == ["body", "budget", "alert_at"]
 
 
 def test_key_token_shown_once_and_works(client, admin_headers, make_team):
     team, _ = make_team()
-    created = client.post(f"/v1/teams/{team['id']}/keys", json={"name": "laptop"},
-                          headers=admin_headers)
+    created = client.post(
+        f"/v1/teams/{team['id']}/keys", json={"name": "laptop"}, headers=admin_headers
+    )
     assert created.status_code == 201
     token = created.json()["token"]
     assert created.json()["prefix"] == token[:12]
@@ -82,8 +87,9 @@ def test_key_token_shown_once_and_works(client, admin_headers, make_team):
 
 def test_revoked_key_stops_working_at_once(client, admin_headers, make_team):
     team, _ = make_team()
-    created = client.post(f"/v1/teams/{team['id']}/keys", json={"name": "k"},
-                          headers=admin_headers).json()
+    created = client.post(
+        f"/v1/teams/{team['id']}/keys", json={"name": "k"}, headers=admin_headers
+    ).json()
     headers = {"Authorization": f"Bearer {created['token']}"}
     assert client.get("/v1/budget", headers=headers).status_code == 200
     revoked = client.delete(f"/v1/teams/{team['id']}/keys/{created['id']}", headers=admin_headers)
@@ -94,10 +100,10 @@ def test_revoked_key_stops_working_at_once(client, admin_headers, make_team):
 def test_revoking_another_teams_key_is_not_found(client, admin_headers, make_team):
     team_a, _ = make_team()
     team_b, _ = make_team()
-    key_b = client.post(f"/v1/teams/{team_b['id']}/keys", json={"name": "k"},
-                        headers=admin_headers).json()
-    response = client.delete(f"/v1/teams/{team_a['id']}/keys/{key_b['id']}",
-                             headers=admin_headers)
+    key_b = client.post(
+        f"/v1/teams/{team_b['id']}/keys", json={"name": "k"}, headers=admin_headers
+    ).json()
+    response = client.delete(f"/v1/teams/{team_a['id']}/keys/{key_b['id']}", headers=admin_headers)
     assert response.status_code == 404
 
 
@@ -107,7 +113,6 @@ def test_team_key_cannot_use_admin_routes(client, make_team):
 
 
 def test_key_for_missing_team_is_not_found(client, admin_headers):
-    response = client.post("/v1/teams/team_missing/keys", json={"name": "k"},
-                           headers=admin_headers)
+    response = client.post("/v1/teams/team_missing/keys", json={"name": "k"}, headers=admin_headers)
     assert response.status_code == 404
     assert response.json()["detail"]["code"] == "not_found"

@@ -24,7 +24,15 @@ def test_every_move_not_in_the_table_is_illegal(source):
 
 
 def test_the_design_path_is_allowed():
-    path = ["pending", "queued", "provisioning", "running", "preempted", "provisioning",
-            "running", "succeeded"]
+    path = [
+        "pending",
+        "queued",
+        "provisioning",
+        "running",
+        "preempted",
+        "provisioning",
+        "running",
+        "succeeded",
+    ]
     for source, target in zip(path, path[1:], strict=False):
         check_transition(source, target)

@@ -16,8 +16,15 @@ from broker.models import Attempt, Job, LedgerEntry
 from broker.spec import JobSpec
 from broker.teams import create_team
 
-PLAN = {"provider": "aws", "region": "us-east-1", "zone": "use1-az1",
-        "instance_type": "p3.2xlarge", "gpu": "V100", "gpu_count": 1, "market": "spot"}
+PLAN = {
+    "provider": "aws",
+    "region": "us-east-1",
+    "zone": "use1-az1",
+    "instance_type": "p3.2xlarge",
+    "gpu": "V100",
+    "gpu_count": 1,
+    "market": "spot",
+}
 PRICE = 918_000  # 0.918 $/h
 
 
@@ -75,8 +82,9 @@ def test_preemption_falls_back_to_latest_checkpoint(session, job, clock):
     assert reloaded.status == "preempted"
     assert reloaded.work_done == 1000 and reloaded.checkpointed_work == 1000
     assert lifecycle.latest_checkpoint(session, job.id).object_key == "ckpt/1000"
-    second, _ = lifecycle.begin_attempt(session, job.id, {**PLAN, "zone": "use1-az2"}, PRICE,
-                                        clock.now())
+    second, _ = lifecycle.begin_attempt(
+        session, job.id, {**PLAN, "zone": "use1-az2"}, PRICE, clock.now()
+    )
     assert second.work_at_start == 1000
 
 
