@@ -38,9 +38,9 @@ def test_upgrade_from_first_revision_keeps_data_and_downgrade_one_step(empty_eng
     with empty_engine.begin() as connection:
         connection.execute(
             text(
-                "INSERT INTO team (id, name, budget_limit_micros, budget_period, alert_at, created_at,"
-                " updated_at) VALUES ('team_1', 'kept', 5000000, 'month', 0.8, '2026-12-01 00:00:00',"
-                " '2026-12-01 00:00:00')"
+                "INSERT INTO team (id, name, budget_limit_micros, budget_period, alert_at,"
+                " created_at, updated_at) VALUES ('team_1', 'kept', 5000000, 'month', 0.8,"
+                " '2026-12-01 00:00:00', '2026-12-01 00:00:00')"
             )
         )
         connection.execute(
