@@ -1,12 +1,21 @@
-"""Published per-GPU specs the throughput model scales from, keyed by the catalog's GPU names.
+"""Published GPU specs, and how measured training rates are scaled to unmeasured GPUs by them.
 
-Figures are per GPU as clouds count them (a K80 board is two GPUs). Dense figures only:
-NVIDIA's "with sparsity" numbers are halved back.
+Spec figures are per GPU as clouds count them (a K80 board is two GPUs), dense only:
+NVIDIA's "with sparsity" numbers are halved back. Per model, one-GPU speed is fitted as
+``intercept[config] + w * log(fp32_tflops) + (1 - w) * log(mem_bandwidth)``, and
+multi-GPU speedups are borrowed from the newest measured GPU.
 """
 
 from __future__ import annotations
 
+import csv
+import io
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -59,3 +68,139 @@ GPU_SPECS: dict[str, GpuSpec] = {
 
 # Names in the Gavel measurements -> catalog names.
 MEASURED_GPUS: dict[str, str] = {"k80": "K80", "p100": "P100", "v100": "V100"}
+SCALING_SOURCES = ("V100", "P100", "K80")  # multi-GPU speedups come from the first present
+MAX_GPU_COUNT = 64
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """Measured iterations/s: ``rates[config, gpu, count]``, NaN where not measured."""
+
+    configs: tuple[tuple[str, int | None], ...]
+    gpus: tuple[str, ...]
+    counts: tuple[int, ...]
+    rates: np.ndarray
+
+    @classmethod
+    def from_csv(cls, text: str) -> Measurements:
+        """Parse the Gavel CSV; keeps consolidated rows, prefers the measured column."""
+        rows = [r for r in csv.DictReader(io.StringIO(text)) if r["consolidated"] == "true"]
+        keys = {(r["model"], int(r["batch_size"]) if r["batch_size"] else None) for r in rows}
+        configs = tuple(sorted(keys, key=lambda k: (k[0], k[1] or 0)))
+        gpus = tuple(MEASURED_GPUS[g] for g in sorted({r["gpu"] for r in rows}))
+        counts = tuple(sorted({int(r["num_gpus"]) for r in rows}))
+        rates = np.full((len(configs), len(gpus), len(counts)), np.nan)
+        for r in rows:
+            key = (r["model"], int(r["batch_size"]) if r["batch_size"] else None)
+            value = r["iters_per_s_measured"] or r["iters_per_s_simulation_table"]
+            gpu = gpus.index(MEASURED_GPUS[r["gpu"]])
+            rates[configs.index(key), gpu, counts.index(int(r["num_gpus"]))] = float(value)
+        return cls(configs, gpus, counts, rates)
+
+
+@cache
+def bundled_measurements() -> Measurements:
+    """The Gavel table shipped in ``broker/data/gavel-isolated.csv``."""
+    # Beside this module rather than importlib.resources.files("broker"): under pytest's
+    # default import mode the name "broker" can resolve to the tests/broker namespace.
+    path = Path(__file__).with_name("data") / "gavel-isolated.csv"
+    return Measurements.from_csv(path.read_text(encoding="utf-8"))
+
+
+def _log_features(specs: Sequence[GpuSpec]) -> tuple[np.ndarray, np.ndarray]:
+    compute = np.log([s.fp32_tflops for s in specs])
+    bandwidth = np.log([s.mem_bandwidth_gbps for s in specs])
+    return compute, bandwidth
+
+
+def fit_compute_weights(
+    data: Measurements, fit_gpus: Sequence[int]
+) -> tuple[dict[str, float], np.ndarray]:
+    """Least-squares compute weight w per model and intercept per config, on 1-GPU rates.
+
+    log(rate) = intercept[config] + w * log(tflops) + (1 - w) * log(bandwidth), w clipped to [0, 1].
+    """
+    rate1 = data.rates[:, list(fit_gpus), 0]
+    valid = rate1 > 0
+    x, y = _log_features([GPU_SPECS[data.gpus[i]] for i in fit_gpus])
+    z = np.log(np.where(valid, rate1, 1.0)) - y
+    d = np.broadcast_to(x - y, z.shape)
+    n = np.maximum(valid.sum(axis=1), 1)
+    z_mean = (z * valid).sum(axis=1) / n
+    d_mean = (d * valid).sum(axis=1) / n
+    z_dev = (z - z_mean[:, None]) * valid
+    d_dev = (d - d_mean[:, None]) * valid
+    weights: dict[str, float] = {}
+    w_of_config = np.empty(len(data.configs))
+    for model in sorted({m for m, _ in data.configs}):
+        rows = np.array([m == model for m, _ in data.configs])
+        den = float((d_dev[rows] ** 2).sum())
+        w = float((z_dev[rows] * d_dev[rows]).sum()) / den if den > 0 else 0.5
+        weights[model] = min(max(w, 0.0), 1.0)
+        w_of_config[rows] = weights[model]
+    intercept = np.where(valid.any(axis=1), z_mean - w_of_config * d_mean, np.nan)
+    return weights, intercept
+
+
+def speedup_curves(data: Measurements, gpu: int) -> np.ndarray:
+    """Speedup over one GPU at counts 0..MAX_GPU_COUNT per config, linear in log-log.
+
+    Past the largest measured count the last segment's slope (clipped to [0, 1]) goes on;
+    a model measured on one GPU only does not speed up.
+    """
+    grid = np.log2(np.arange(1, MAX_GPU_COUNT + 1))
+    curves = np.zeros((len(data.configs), MAX_GPU_COUNT + 1))
+    curves[:, 1] = 1.0
+    for c in range(len(data.configs)):
+        rates = data.rates[c, gpu]
+        ok = rates > 0
+        if not ok[0]:
+            continue
+        lx = np.log2(np.array(data.counts)[ok])
+        ly = np.log(rates[ok] / rates[0])
+        slope = np.clip((ly[-1] - ly[-2]) / (lx[-1] - lx[-2]), 0, 1) if len(lx) > 1 else 0.0
+        log_speedup = np.interp(grid, lx, ly) + slope * np.maximum(grid - lx[-1], 0)
+        curves[c, 1:] = np.exp(log_speedup)
+    return curves
+
+
+def estimate_rates(data: Measurements, fit_gpus: Sequence[int], spec: GpuSpec) -> np.ndarray:
+    """Rates [config, count] of an unmeasured GPU from its specs and the ``fit_gpus``."""
+    weights, intercept = fit_compute_weights(data, fit_gpus)
+    w = np.array([weights[m] for m, _ in data.configs])
+    x, y = _log_features([spec])
+    rate1 = np.nan_to_num(np.exp(intercept + y[0] + w * (x[0] - y[0])))
+    # A batch that ran out of memory on a measured GPU is assumed not to fit in as much or less.
+    failed = data.rates[:, list(fit_gpus), 0] == 0
+    fit_mem = np.array([GPU_SPECS[data.gpus[i]].mem_gb for i in fit_gpus])
+    rate1[(failed * fit_mem).max(axis=1, initial=0.0) >= spec.mem_gb] = 0.0
+    present = [data.gpus.index(g) for g in SCALING_SOURCES if g in data.gpus]
+    source = next(i for i in present if i in fit_gpus)
+    # Measured dips with more GPUs are noise of one cluster; never carry them over.
+    speedup = np.maximum.accumulate(speedup_curves(data, source), axis=1)
+    return rate1[:, None] * speedup
+
+
+def leave_one_gpu_out_error(
+    held_out: str = "V100", data: Measurements | None = None
+) -> dict[str, float]:
+    """Refit without one measured GPU and predict its measured rows.
+
+    Returns the median and max absolute relative error over all rows and over 1-GPU rows.
+    """
+    data = data or bundled_measurements()
+    h = data.gpus.index(held_out)
+    predicted = estimate_rates(
+        data, [i for i in range(len(data.gpus)) if i != h], GPU_SPECS[held_out]
+    )
+    truth = data.rates[:, h, :]
+    ok = truth > 0  # a batch that did not fit (0) is not a speed to predict
+    errors = np.abs(predicted[:, list(data.counts)] / np.where(ok, truth, 1.0) - 1.0)
+    single = errors[:, 0][ok[:, 0]]
+    return {
+        "median": float(np.median(errors[ok])),
+        "max": float(errors[ok].max()),
+        "rows": float(ok.sum()),
+        "median_1gpu": float(np.median(single)),
+        "max_1gpu": float(single.max()),
+    }
