@@ -11,9 +11,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from helpers import drop_postgres, fresh_postgres
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
+
+from tests.helpers import drop_postgres, fresh_postgres
 
 ADMIN_TOKEN = "adm_test_" + secrets.token_hex(8)
 START = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

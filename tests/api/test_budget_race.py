@@ -5,11 +5,11 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from helpers import job_spec
 from sqlalchemy import func
 from sqlmodel import Session, select
 
 from broker.models import LedgerEntry
+from tests.helpers import job_spec
 
 
 def test_fifty_concurrent_submissions_accept_exactly_ten(live_server, make_team, db_engine):

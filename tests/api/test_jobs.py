@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers import job_spec
+from tests.helpers import job_spec
 
 
 def test_submit_reserves_max_cost_and_queues(client, make_team):

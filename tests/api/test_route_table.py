@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from helpers import job_spec
+
+from tests.helpers import job_spec
 
 PUBLIC = {("GET", "/healthz"), ("GET", "/metrics")}
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from helpers import job_spec
 from sqlmodel import Session, select
 
 from broker import admission, lifecycle
@@ -15,6 +14,7 @@ from broker.ledger import job_reserved, job_spent
 from broker.models import Attempt, Job, LedgerEntry
 from broker.spec import JobSpec
 from broker.teams import create_team
+from tests.helpers import job_spec
 
 PLAN = {
     "provider": "aws",

@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import drop_postgres, fresh_postgres
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Engine
 
 from broker.db import make_engine
 from broker.migrate import downgrade, upgrade
+from tests.helpers import drop_postgres, fresh_postgres
 
 
 @pytest.fixture
