@@ -96,3 +96,8 @@ def set_clock(clock: Clock | None) -> None:
 def now() -> datetime:
     """The broker's current time, aware UTC."""
     return get_clock().now()
+
+
+def scale() -> float:
+    """Simulated seconds per wall second of the process-wide clock (1 for the real clock)."""
+    return float(getattr(get_clock(), "scale", 1.0))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -153,12 +154,18 @@ def stop(
 
 
 def begin_attempt(
-    session: Session, job_id: str, plan: dict[str, Any], price_micros: int, now: datetime
+    session: Session,
+    job_id: str,
+    plan: dict[str, Any],
+    price_micros: int,
+    now: datetime,
+    token_for: Callable[[str], str] | None = None,
 ) -> tuple[Attempt, str] | None:
     """Record a new attempt on ``plan`` (job -> provisioning) before anything is launched.
 
-    Returns the attempt and its agent token (shown only here), or None when the job has
-    finished or already has a live attempt.
+    ``token_for(attempt_id)`` makes the attempt's agent token (default: random); only its
+    hash is stored. Returns the attempt and the token, or None when the job has finished or
+    already has a live attempt.
     """
     job = lock_job(session, job_id)
     if is_terminal(job.status) or live_attempts(session, job.id):
@@ -167,9 +174,10 @@ def begin_attempt(
     _move(job, JobStatus.PROVISIONING, now)
     job.plan = plan
     job.work_done = job.checkpointed_work
-    token = "att_" + secrets.token_urlsafe(24)
+    attempt_id = new_id("att")
+    token = token_for(attempt_id) if token_for else "att_" + secrets.token_urlsafe(24)
     attempt = Attempt(
-        id=new_id("att"),
+        id=attempt_id,
         job_id=job.id,
         team_id=job.team_id,
         provider=plan["provider"],
