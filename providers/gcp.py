@@ -1,0 +1,282 @@
+"""Google Compute Engine behind the Provider protocol, through google-cloud-compute (REST).
+
+Instances are named from the attempt id and inserted with a ``requestId`` derived from
+it, so a repeated launch returns the same instance. A preemption is recognized from the
+zone's ``compute.instances.preempted`` operation for the instance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from google.api_core import exceptions as gexc
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials, Credentials
+from google.cloud import compute_v1
+
+from broker import clock
+from broker.settings import Settings
+from providers.base import (
+    MANAGED_TAG,
+    REASON_SPOT_PREEMPTED,
+    REASON_USER_TERMINATED,
+    TAG_ATTEMPT,
+    InstanceNotFound,
+    InstanceRef,
+    InstanceState,
+    LaunchRequest,
+    TransientError,
+    sanitize_label,
+)
+from providers.gcp_errors import operation_error, to_domain_error
+from providers.gcp_instance import instance_resource
+from providers.retry import RetryPolicy
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+API_BASE = "https://www.googleapis.com/compute/v1"
+PREEMPTED_OPERATION = "compute.instances.preempted"
+_NAMESPACE = uuid.UUID("6f1c2d4e-9a51-4c43-8d0e-5b3c1e7a2f90")
+_ENDED = {"STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED"}
+
+
+def instance_name(token: str) -> str:
+    """A valid, deterministic GCE instance name for an attempt id."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", token.lower()).strip("-")[:40].strip("-")
+    digest = hashlib.sha256(token.encode()).hexdigest()[:8]
+    return f"broker-{slug}-{digest}" if slug else f"broker-{digest}"
+
+
+def request_id(token: str, action: str = "insert") -> str:
+    """The GCE ``requestId`` (a UUID) for one action on one attempt."""
+    return str(uuid.uuid5(_NAMESPACE, f"{action}:{token}"))
+
+
+def _time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+class GcpProvider:
+    """Compute Engine instances for the broker in one project, retried on transient errors."""
+
+    name = "gcp"
+
+    def __init__(
+        self,
+        *,
+        project: str,
+        zones: Sequence[str] = (),
+        endpoint_url: str | None = None,
+        credentials: Credentials | None = None,
+        termination_action: Literal["DELETE", "STOP"] = "DELETE",
+        image: str = "projects/deeplearning-platform-release/global/images/family/"
+        "common-cu124-debian-11-py310",
+        retry: RetryPolicy | None = None,
+        timeout: float = 30.0,
+        operation_timeout: float = 300.0,
+    ) -> None:
+        self.project = project
+        self.zones = list(zones)
+        self.termination_action = termination_action
+        self.image = image
+        self._retry = retry or RetryPolicy()
+        self._timeout = timeout
+        self._operation_timeout = operation_timeout
+        options = ClientOptions(api_endpoint=endpoint_url) if endpoint_url else None
+        kwargs: dict[str, Any] = {"credentials": credentials, "client_options": options}
+        self._instances = compute_v1.InstancesClient(transport="rest", **kwargs)
+        self._operations = compute_v1.ZoneOperationsClient(transport="rest", **kwargs)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> GcpProvider:
+        """Build from ``BROKER_GCP_*``; a plain-http endpoint gets anonymous credentials."""
+        endpoint = settings.gcp_endpoint_url
+        options: dict[str, Any] = {
+            "project": settings.gcp_project,
+            "zones": settings.gcp_zones,
+            "endpoint_url": endpoint,
+            "credentials": AnonymousCredentials()
+            if endpoint and endpoint.startswith("http://")
+            else None,
+        }
+        options.update(overrides)
+        return cls(**options)
+
+    def launch(self, request: LaunchRequest) -> InstanceRef:
+        """Insert the instance with a requestId from the attempt id; wait for the operation."""
+        name = instance_name(request.token)
+        labels = {TAG_ATTEMPT: request.token, **request.tags}
+        resource = instance_resource(
+            name=name,
+            request=request,
+            labels={sanitize_label(k, key=True): sanitize_label(str(v)) for k, v in labels.items()},
+            resume=json.dumps(request.user_data, sort_keys=True),
+            termination_action=self.termination_action,
+            image=self.image,
+        )
+        insert = compute_v1.InsertInstanceRequest(
+            project=self.project,
+            zone=request.zone,
+            instance_resource=resource,
+            request_id=request_id(request.token),
+        )
+        try:
+            operation = self._call(
+                "instances.insert",
+                lambda: self._instances.insert_unary(
+                    request=insert, retry=None, timeout=self._timeout
+                ),
+            )
+        except gexc.Conflict:
+            # Created by an earlier try under another requestId: same name, same instance.
+            logger.info("GCE instance already exists", extra={"attempt_id": request.token})
+        else:
+            self._wait(request.zone, operation, "instances.insert")
+        logger.info("launched GCE instance", extra={"attempt_id": request.token, "instance": name})
+        return InstanceRef("gcp", request.region, request.zone, name)
+
+    def describe(self, ref: InstanceRef) -> InstanceState:
+        """Status from instances.get; a preemption operation makes it ``preempted``."""
+        try:
+            instance = self._call(
+                "instances.get",
+                lambda: self._instances.get(
+                    project=self.project,
+                    zone=ref.zone,
+                    instance=ref.instance_id,
+                    retry=None,
+                    timeout=self._timeout,
+                ),
+            )
+        except InstanceNotFound:
+            return self._describe_gone(ref)
+        labels = dict(instance.labels)
+        market = "spot" if instance.scheduling.provisioning_model == "SPOT" else "on_demand"
+        launched_at = _time(instance.creation_timestamp) or clock.now()
+        if instance.status in ("PROVISIONING", "STAGING"):
+            return InstanceState("pending", None, launched_at, None, labels, market)
+        if instance.status not in _ENDED:
+            return InstanceState("running", None, launched_at, None, labels, market)
+        preempted = [op for op in self._history(ref) if op.operation_type == PREEMPTED_OPERATION]
+        ended_at = _time(instance.last_stop_timestamp or None)
+        if preempted:
+            ended_at = ended_at or _time(preempted[-1].insert_time)
+            return InstanceState(
+                "preempted", REASON_SPOT_PREEMPTED, launched_at, ended_at, labels, market
+            )
+        return InstanceState(
+            "terminated", instance.status.lower(), launched_at, ended_at, labels, market
+        )
+
+    def terminate(self, ref: InstanceRef) -> None:
+        """Delete the instance; one that is already gone counts as terminated."""
+        delete = compute_v1.DeleteInstanceRequest(
+            project=self.project,
+            zone=ref.zone,
+            instance=ref.instance_id,
+            request_id=request_id(ref.instance_id, "delete"),
+        )
+        try:
+            self._call(
+                "instances.delete",
+                lambda: self._instances.delete_unary(
+                    request=delete, retry=None, timeout=self._timeout
+                ),
+            )
+        except InstanceNotFound:
+            logger.info("GCE instance already gone", extra={"instance": ref.instance_id})
+
+    def list_managed(self, region: str) -> list[InstanceRef]:
+        """Every instance of the region's zones that carries the broker's label."""
+        listing = compute_v1.AggregatedListInstancesRequest(
+            project=self.project, filter=f"labels.{MANAGED_TAG}:*"
+        )
+
+        def fetch() -> list[tuple[str, Any]]:
+            pager = self._instances.aggregated_list(
+                request=listing, retry=None, timeout=self._timeout
+            )
+            return [(key, scoped) for key, scoped in pager]
+
+        refs = []
+        for key, scoped in self._call("instances.aggregatedList", fetch):
+            zone = key.rsplit("/", 1)[-1]
+            if zone != region and not zone.startswith(region + "-"):
+                continue
+            for instance in scoped.instances:
+                refs.append(InstanceRef("gcp", zone.rsplit("-", 1)[0], zone, instance.name))
+        return refs
+
+    def _describe_gone(self, ref: InstanceRef) -> InstanceState:
+        history = self._history(ref)
+        if not history:
+            raise InstanceNotFound(f"GCE instance {ref.instance_id} not found in {ref.zone}")
+        inserted = next((op for op in history if op.operation_type == "insert"), None)
+        launched_at = _time(inserted.insert_time if inserted else None) or clock.now()
+        last = history[-1]
+        ended_at = _time(last.end_time or last.insert_time)
+        if any(op.operation_type == PREEMPTED_OPERATION for op in history):
+            return InstanceState("preempted", REASON_SPOT_PREEMPTED, launched_at, ended_at)
+        return InstanceState("terminated", REASON_USER_TERMINATED, launched_at, ended_at)
+
+    def _history(self, ref: InstanceRef) -> list[Any]:
+        """The zone operations that targeted this instance, oldest first."""
+        link = f"{API_BASE}/projects/{self.project}/zones/{ref.zone}/instances/{ref.instance_id}"
+        listing = compute_v1.ListZoneOperationsRequest(
+            project=self.project, zone=ref.zone, filter=f'targetLink = "{link}"'
+        )
+
+        def fetch() -> list[Any]:
+            pager = self._operations.list(request=listing, retry=None, timeout=self._timeout)
+            return [op for op in pager if op.target_link.endswith(f"/instances/{ref.instance_id}")]
+
+        return sorted(self._call("zoneOperations.list", fetch), key=lambda op: op.insert_time)
+
+    def _wait(self, zone: str, operation: Any, action: str) -> Any:
+        def poll(name: str) -> Any:
+            return self._call(
+                "zoneOperations.wait",
+                lambda: self._operations.wait(
+                    project=self.project,
+                    zone=zone,
+                    operation=name,
+                    retry=None,
+                    timeout=self._timeout,
+                ),
+            )
+
+        deadline = time.monotonic() + self._operation_timeout
+        while operation.status != compute_v1.Operation.Status.DONE:
+            if time.monotonic() > deadline:
+                raise TransientError(f"GCE {action}: operation {operation.name} still running")
+            operation = poll(operation.name)
+        error = operation_error(operation, action)
+        if error is not None:
+            raise error
+        return operation
+
+    def _call(self, action: str, fn: Callable[[], T]) -> T:
+        def mapped() -> T:
+            try:
+                return fn()
+            except gexc.Conflict:
+                raise
+            except Exception as exc:
+                try:
+                    domain = to_domain_error(exc, action)
+                except TypeError:
+                    raise exc from None
+                raise domain from exc
+
+        return self._retry.call(mapped)
