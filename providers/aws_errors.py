@@ -7,6 +7,7 @@ from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTT
 from providers.base import (
     CapacityError,
     InstanceNotFound,
+    ObjectNotFound,
     ProviderError,
     QuotaError,
     TransientError,
@@ -42,7 +43,8 @@ TRANSIENT_CODES = frozenset(
         "PriorRequestNotComplete",
     }
 )
-NOT_FOUND_CODES = frozenset({"InvalidInstanceID.NotFound", "NoSuchKey", "NoSuchBucket"})
+NOT_FOUND_CODES = frozenset({"InvalidInstanceID.NotFound"})
+MISSING_OBJECT_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404"})
 
 
 def error_code(exc: ClientError) -> str:
@@ -63,6 +65,8 @@ def to_domain_error(exc: Exception, action: str) -> ProviderError:
             return QuotaError(text)
         if code in NOT_FOUND_CODES:
             return InstanceNotFound(text)
+        if code in MISSING_OBJECT_CODES:
+            return ObjectNotFound(text)
         if code in TRANSIENT_CODES or status >= 500 or status == 429:
             return TransientError(text)
         return ProviderError(text)

@@ -52,6 +52,12 @@ class InstanceNotFound(ProviderError):
     code = "instance_not_found"
 
 
+class ObjectNotFound(ProviderError):
+    """The checkpoint store has no object under that key (or no such bucket)."""
+
+    code = "object_not_found"
+
+
 @dataclass(frozen=True)
 class LaunchRequest:
     """One instance to launch; ``token`` (the attempt id) makes the launch idempotent."""

@@ -18,6 +18,7 @@ from urllib.parse import parse_qs
 from xml.sax.saxutils import escape
 
 from moto.ec2.models import ec2_backends
+from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend
 from moto.ec2.models.instances import Instance, StateReason
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
@@ -54,6 +55,13 @@ def gpu_of_instance_type(instance_type: str) -> str:
 
     gpus = (INSTANCE_TYPES.get(instance_type, {}).get("GpuInfo") or {}).get("Gpus") or [{}]
     return str(gpus[0].get("Name", ""))
+
+
+def zone_names(regions: Iterable[str]) -> list[str]:
+    """The zone names moto serves in ``regions`` (us-east-1a, ...)."""
+    return [
+        zone.name for region in regions for zone in RegionsAndZonesBackend.zones.get(region, [])
+    ]
 
 
 def _ec2_instances() -> Iterator[tuple[str, Any, Instance]]:

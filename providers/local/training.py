@@ -200,3 +200,34 @@ def _ec2_resume(client: Any, instance: dict[str, Any]) -> tuple[str, Resume]:
     )
     raw = reply.get("UserData", {}).get("Value", "")
     return tags["broker-attempt"], json.loads(base64.b64decode(raw)) if raw else {}
+
+
+def gce_instances(endpoint_url: str, project: str) -> Callable[[], Iterator[tuple[str, Resume]]]:
+    """A source of running broker instances on Compute Engine with their resume metadata."""
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import compute_v1
+
+    from providers.gcp_instance import RESUME_METADATA_KEY
+
+    client = compute_v1.InstancesClient(
+        transport="rest",
+        credentials=AnonymousCredentials(),
+        client_options=ClientOptions(api_endpoint=endpoint_url),
+    )
+
+    def running() -> Iterator[tuple[str, Resume]]:
+        request = compute_v1.AggregatedListInstancesRequest(
+            project=project, filter="labels.broker-attempt:*"
+        )
+        for _zone, scoped in client.aggregated_list(request=request):
+            for instance in scoped.instances:
+                if instance.status != "RUNNING":
+                    continue
+                items = {item.key: item.value for item in instance.metadata.items}
+                raw = items.get(RESUME_METADATA_KEY)
+                if raw:
+                    resume = json.loads(raw)
+                    yield resume.get("attempt_id", ""), resume
+
+    return running

@@ -1,0 +1,17 @@
+"""Clouds on a laptop: moto's server for AWS, a GCE fake, spot market replay, fault injection."""
+
+from providers.local.aws import LocalAws
+from providers.local.faults import Fault, FaultInjector
+from providers.local.gce_fake import GceFake
+from providers.local.market import MarketReplay, default_assignments
+from providers.local.stack import LocalCloud
+
+__all__ = [
+    "Fault",
+    "FaultInjector",
+    "GceFake",
+    "LocalAws",
+    "LocalCloud",
+    "MarketReplay",
+    "default_assignments",
+]
