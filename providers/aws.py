@@ -40,7 +40,7 @@ T = TypeVar("T")
 SPOT_TERMINATION_CODE = "Server.SpotInstanceTermination"
 DLAMI_OWNER = "898082745236"  # AWS's Deep Learning AMI account
 DLAMI_NAME = "Deep Learning*Ubuntu*"
-_ENDED = ("shutting-down", "terminated", "stopping", "stopped")
+_LISTED_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
 _REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 
 
@@ -163,7 +163,7 @@ class AwsProvider:
         client = self._client(region)
         filters = [
             {"Name": "tag-key", "Values": [MANAGED_TAG]},
-            {"Name": "instance-state-name", "Values": ["pending", "running", *_ENDED[:-1]]},
+            {"Name": "instance-state-name", "Values": _LISTED_STATES},
         ]
 
         def pages() -> list[dict[str, Any]]:

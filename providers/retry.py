@@ -36,7 +36,7 @@ class RetryPolicy:
         retrying = Retrying(
             retry=retry_if_exception_type(TransientError),
             wait=wait_exponential_jitter(
-                initial=self.initial_wait, max=self.max_wait, jitter=self.initial_wait
+                multiplier=self.initial_wait, max=self.max_wait, jitter=self.initial_wait
             ),
             stop=stop_after_attempt(self.attempts) | stop_after_delay(self.total_seconds),
             before_sleep=before_sleep_log(logger, logging.DEBUG),
