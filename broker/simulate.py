@@ -1,0 +1,212 @@
+"""Trace-driven simulation of deadline jobs on spot availability traces, every start at once.
+
+The model (Wu et al., NSDI 2024, section 3), in whole ticks of the trace's ``gap_seconds``:
+each tick, spot is obtainable or not in each zone; the job holds at most one instance (spot
+in one zone, or on-demand, which is always obtainable) and pays its price for every tick it
+holds it; every start or switch costs ``restart_hours`` with no progress; a spot instance is
+lost at the first tick its zone is unavailable. Hours are turned into ticks once per job:
+work and restart overhead rounded up, the deadline rounded down (so the model never flatters
+a policy). A job starts at a trace offset and wraps around the end of the trace.
+
+The simulator asks the policy through the same rule the live broker runs (the batched form of
+``broker.policy``), for all start offsets in lockstep. ``broker.optimal`` gives the hindsight
+optimum on the same model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from broker.policy import Action, Instance
+from broker.policy_batch import BATCH_POLICIES, BatchPolicy, BatchState
+from pricing.traces import Trace
+
+HISTORY_HOURS = 7 * 24.0  # what the broker has seen of each zone before the job starts
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job: work and deadline in hours from its start, restart overhead, prices."""
+
+    work_hours: float
+    deadline_hours: float
+    restart_hours: float
+    spot_price: float
+    on_demand_price: float
+
+
+@dataclass(frozen=True)
+class Ticks:
+    """A ``JobSpec`` on a trace's clock."""
+
+    hours: float  # one tick
+    work: int
+    deadline: int
+    restart: int
+
+    @classmethod
+    def of(cls, job: JobSpec, gap_seconds: float) -> Ticks:
+        tick = gap_seconds / 3600.0
+        return cls(
+            hours=tick,
+            work=math.ceil(job.work_hours / tick - 1e-9),
+            deadline=math.floor(job.deadline_hours / tick + 1e-9),
+            restart=math.ceil(job.restart_hours / tick - 1e-9),
+        )
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Per start offset: cost ($), deadline missed, hours until the work was done."""
+
+    cost: np.ndarray
+    missed: np.ndarray
+    finish_hours: np.ndarray
+
+
+def zone_matrix(traces: Sequence[Trace]) -> tuple[np.ndarray, float]:
+    """Zones of one region as a (Z, L) availability matrix and its tick in seconds."""
+    gaps = {t.gap_seconds for t in traces}
+    lengths = {len(t.available) for t in traces}
+    if len(gaps) != 1 or len(lengths) != 1:
+        raise ValueError("traces of one simulation need the same gap_seconds and length")
+    return np.stack([t.available for t in traces]), gaps.pop()
+
+
+def start_offsets(trace_ticks: int, starts: int) -> np.ndarray:
+    """``starts`` job start offsets spread evenly over the trace."""
+    return (np.arange(starts) * trace_ticks) // starts
+
+
+def job_windows(available: np.ndarray, offsets: np.ndarray, ticks: int) -> np.ndarray:
+    """(Z, B, ticks) availability seen by each job from its start offset (wrapping)."""
+    index = (offsets[:, None] + np.arange(ticks)[None, :]) % available.shape[1]
+    return available[:, index]
+
+
+def prime_history(
+    available: np.ndarray, offsets: np.ndarray, tick_hours: float
+) -> tuple[np.ndarray, ...]:
+    """History arrays (observed, available hours, windows, last) of the HISTORY_HOURS before."""
+    length = available.shape[1]
+    n = min(int(HISTORY_HOURS / tick_hours), length - 1)
+    index = (offsets[:, None] - n + np.arange(n)[None, :]) % length
+    seen = available[:, index]  # (Z, B, n)
+    rises = seen[..., 1:] & ~seen[..., :-1]
+    windows = rises.sum(axis=2) + seen[..., 0]
+    observed = np.full(seen.shape[:2], n * tick_hours)
+    return observed, seen.sum(axis=2) * tick_hours, windows.astype(float), seen[..., -1].copy()
+
+
+def simulate(
+    policy: str | BatchPolicy,
+    traces: Sequence[Trace],
+    job: JobSpec,
+    offsets: np.ndarray,
+) -> SimResult:
+    """Run ``policy`` on the zones ``traces`` from every start offset; see the module doc."""
+    decide = BATCH_POLICIES[policy] if isinstance(policy, str) else policy
+    matrix, gap = zone_matrix(traces)
+    ticks = Ticks.of(job, gap)
+    return simulate_ticks(decide, matrix, offsets, ticks, job, tuple(t.zone for t in traces))
+
+
+def simulate_ticks(
+    decide: BatchPolicy,
+    matrix: np.ndarray,
+    offsets: np.ndarray,
+    ticks: Ticks,
+    job: JobSpec,
+    zones: tuple[str, ...],
+) -> SimResult:
+    """The lockstep loop on a (Z, L) availability matrix, the job already in ticks."""
+    n_zones, n = matrix.shape[0], len(offsets)
+    dt, q = ticks.hours, ticks.restart
+    window = job_windows(matrix, offsets, max(ticks.deadline, 1))
+    observed, avail_hours, windows, last = prime_history(matrix, offsets, dt)
+    instance = np.zeros(n, np.int8)
+    zone = np.full(n, -1)
+    overhead = np.zeros(n, np.int64)
+    work_left = np.full(n, ticks.work, np.int64)
+    held = np.zeros((2, n), np.int64)  # ticks on spot, on on-demand
+    finish = np.full(n, -1, np.int64)
+    stopped = np.zeros(n, bool)
+    rows = np.arange(n)
+    full = np.full(n, 1.0)
+    for t in range(ticks.deadline):
+        if stopped.all():
+            break
+        now = window[:, :, t]
+        observed = observed + dt
+        avail_hours = avail_hours + now * dt
+        windows = windows + (now & ~last)
+        last = now
+        lost = (instance == Instance.SPOT) & ~now[np.maximum(zone, 0), rows]
+        instance[lost], zone[lost], overhead[lost] = Instance.NONE, -1, 0
+        state = BatchState(
+            hours_to_deadline=(ticks.deadline - t) * dt * full,
+            hours_total=ticks.deadline * dt * full,
+            work_left_hours=work_left * dt,
+            work_total_hours=ticks.work * dt * full,
+            restart_hours=q * dt * full,
+            tick_hours=dt * full,
+            instance=instance,
+            zone=zone,
+            restart_left_hours=overhead * dt,
+            spot_obtainable=now,
+            spot_price=job.spot_price,
+            on_demand_price=job.on_demand_price,
+            observed_hours=observed,
+            available_hours=avail_hours,
+            windows=windows,
+            last_available=last,
+            zones=zones,
+        )
+        action, target = decide(state)
+        action = np.where(stopped, Action.STOP, action)
+        _apply(action, target, now, instance, zone, overhead, q, rows)
+        stopped |= action == Action.STOP
+        running = instance != Instance.NONE
+        held[0] += instance == Instance.SPOT
+        held[1] += instance == Instance.ON_DEMAND
+        progress = running & (overhead == 0)
+        overhead -= running & (overhead > 0)
+        work_left -= progress
+        done = progress & (work_left <= 0)
+        finish[done] = t + 1
+        instance[done], zone[done] = Instance.NONE, -1
+        stopped |= done
+    missed = work_left > 0
+    # a late job still gets finished on on-demand, so its cost is comparable
+    catch_up = np.where(instance == Instance.ON_DEMAND, overhead, q) + work_left
+    cost = dt * (job.spot_price * held[0] + job.on_demand_price * held[1])
+    cost = cost + np.where(missed, catch_up * dt * job.on_demand_price, 0.0)
+    finish_hours = np.where(missed, np.nan, finish * dt)
+    return SimResult(cost=cost, missed=missed, finish_hours=finish_hours)
+
+
+def _apply(
+    action: np.ndarray,
+    target: np.ndarray,
+    now: np.ndarray,
+    instance: np.ndarray,
+    zone: np.ndarray,
+    overhead: np.ndarray,
+    restart: int,
+    rows: np.ndarray,
+) -> None:
+    """Carry out the decisions in place (a spot launch where spot is gone leaves the job idle)."""
+    spot = action == Action.SPOT
+    move = spot & ~((instance == Instance.SPOT) & (zone == target))
+    got = now[np.maximum(target, 0), rows]
+    start = move & got
+    instance[start], zone[start], overhead[start] = Instance.SPOT, target[start], restart
+    failed = move & ~got
+    od = (action == Action.ON_DEMAND) & (instance != Instance.ON_DEMAND)
+    instance[od], zone[od], overhead[od] = Instance.ON_DEMAND, -1, restart
+    idle = failed | (action == Action.WAIT) | (action == Action.STOP)
+    instance[idle], zone[idle], overhead[idle] = Instance.NONE, -1, 0
