@@ -244,14 +244,15 @@ def rank_plans(
     hours = startup_hours + compute + compute / c_int * ckpt
     lost = np.full(len(idx), c_int / 2.0 + startup_hours + ckpt)
     p_od = offers.on_demand_micros_per_hour[idx].astype(np.float64)
-    deadline, max_cost = request.deadline_hours, request.max_cost_micros
+    p_spot = offers.spot_micros_per_hour[idx].astype(np.float64)
+    max_cost = request.max_cost_micros
 
-    od = _on_demand(idx, hours, p_od, deadline)
+    o = p_od >= 0  # rows with no published price have no plan on that market
+    od = _on_demand(idx[o], hours[o], p_od[o], request.deadline_hours)
     groups, keep = [od], [od.feasible & (od.worst <= max_cost) & (request.market != "spot")]
     if request.market != "on_demand":
-        s = offers.spot_micros_per_hour[idx] >= 0
-        p_spot = offers.spot_micros_per_hour[idx[s]].astype(np.float64)
-        sp = _spot(request, idx[s], hours[s], lost[s], p_spot, p_od[s], offers.spot_risk[idx[s]])
+        s = (p_spot >= 0) & (o if request.market == "auto" else True)
+        sp = _spot(request, idx[s], hours[s], lost[s], p_spot[s], p_od[s], offers.spot_risk[idx[s]])
         groups.append(sp)
         keep.append(sp.feasible & (sp.worst <= max_cost))
     fallback = request.market == "auto"

@@ -1,6 +1,7 @@
 """The offer catalog as columns: one numpy array per field, one row per (offer, zone).
 
-Money is integer micro-dollars per instance-hour; a spot price of -1 means "no spot market".
+Money is integer micro-dollars per instance-hour; a price of -1 (``NO_PRICE``) means that
+market is not offered (no spot market, or no published on-demand price).
 The bundled catalog joins the AWS snapshot (``data/aws-gpu-vms.csv``) with the GCP offers
 composed in :mod:`pricing.gcp_catalog`, and takes spot risk from :mod:`pricing.spot_risk`.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import csv
 import re
 from dataclasses import dataclass, fields
+from datetime import UTC, datetime
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
@@ -20,7 +22,7 @@ from broker.money import to_micros
 
 DATA_DIR = Path(__file__).with_name("data")
 AWS_CSV = DATA_DIR / "aws-gpu-vms.csv"
-NO_SPOT = -1
+NO_PRICE = NO_SPOT = -1
 NOT_AT = np.datetime64("NaT", "s")  # bundled snapshots carry no capture time
 
 _MIB = re.compile(r"'SizeInMiB': (\d+)")
@@ -46,11 +48,15 @@ class Offer:
     on_demand_micros_per_hour: int
     spot_micros_per_hour: int
     spot_risk: float
-    price_as_of: np.datetime64 = NOT_AT
+    price_as_of: datetime | None = None  # None: from a bundled snapshot
 
     @property
     def has_spot(self) -> bool:
         return self.spot_micros_per_hour >= 0
+
+    @property
+    def has_on_demand(self) -> bool:
+        return self.on_demand_micros_per_hour >= 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,8 +72,8 @@ class OfferTable:
     gpu_memory_gb: np.ndarray  # float64, per GPU
     vcpus: np.ndarray
     ram_gb: np.ndarray
-    on_demand_micros_per_hour: np.ndarray  # int64
-    spot_micros_per_hour: np.ndarray  # int64, NO_SPOT where absent
+    on_demand_micros_per_hour: np.ndarray  # int64, NO_PRICE where absent
+    spot_micros_per_hour: np.ndarray  # int64, NO_PRICE where absent
     spot_risk: np.ndarray  # float64, preemptions per hour on spot
     price_as_of: np.ndarray  # datetime64[s], NaT for bundled snapshots
 
@@ -85,7 +91,7 @@ class OfferTable:
             **{name: str(getattr(self, name)[i]) for name in _STR_FIELDS},
             **{name: int(getattr(self, name)[i]) for name in _INT_FIELDS},
             **{name: float(getattr(self, name)[i]) for name in _FLOAT_FIELDS},
-            price_as_of=self.price_as_of[i],
+            price_as_of=_to_datetime(self.price_as_of[i]),
         )
 
     def offers(self) -> list[Offer]:
@@ -111,9 +117,9 @@ class OfferTable:
     @classmethod
     def from_offers(cls, offers: list[Offer]) -> OfferTable:
         """Build a table from :class:`Offer` rows (tests and small hand-made catalogs)."""
-        return cls.from_columns(
-            {f.name: [getattr(o, f.name) for o in offers] for f in fields(Offer)}
-        )
+        columns = {f.name: [getattr(o, f.name) for o in offers] for f in fields(Offer)}
+        columns["price_as_of"] = [_to_datetime64(o.price_as_of) for o in offers]
+        return cls.from_columns(columns)
 
     @classmethod
     def from_columns(cls, columns: dict[str, list]) -> OfferTable:
@@ -132,6 +138,16 @@ class OfferTable:
         return cls(**arrays)
 
 
+def _to_datetime(value: np.datetime64) -> datetime | None:
+    if np.isnat(value):
+        return None
+    return datetime.fromtimestamp(int(value.astype("datetime64[s]").astype(np.int64)), UTC)
+
+
+def _to_datetime64(value: datetime | None) -> np.datetime64:
+    return NOT_AT if value is None else np.datetime64(int(value.timestamp()), "s")
+
+
 def empty_table() -> OfferTable:
     """A table with no rows."""
     return OfferTable.from_columns({f.name: [] for f in fields(Offer) if f.name != "price_as_of"})
@@ -144,8 +160,8 @@ def gpu_memory_gb(gpu_info: str) -> float:
 
 
 def price_micros(text: str) -> int:
-    """A CSV dollar price to micro-dollars; empty means no price (:data:`NO_SPOT`)."""
-    return to_micros(Decimal(text)) if text else NO_SPOT
+    """A CSV dollar price to micro-dollars; empty means no price (:data:`NO_PRICE`)."""
+    return to_micros(Decimal(text)) if text else NO_PRICE
 
 
 def load_aws_csv(path: Path = AWS_CSV) -> OfferTable:

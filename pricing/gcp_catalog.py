@@ -14,7 +14,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from pricing.catalog import DATA_DIR, NO_SPOT, OfferTable, gpu_memory_gb, price_micros
+from pricing.catalog import DATA_DIR, NO_PRICE, OfferTable, gpu_memory_gb, price_micros
 
 GCP_CSV = DATA_DIR / "gcp-gpu-vms.csv"
 
@@ -110,8 +110,8 @@ def _combos(hosts: dict, accels: dict) -> list[tuple[str, str, str, int]]:
     return sorted(combos)
 
 
-def _sum_spot(a: int, b: int) -> int:
-    return NO_SPOT if NO_SPOT in (a, b) else a + b
+def _sum(a: int, b: int) -> int:
+    return NO_PRICE if NO_PRICE in (a, b) else a + b
 
 
 def load_gcp_offers(path: Path = GCP_CSV) -> OfferTable:
@@ -133,7 +133,7 @@ def load_gcp_offers(path: Path = GCP_CSV) -> OfferTable:
         cols["gpu_memory_gb"].append(accel.memory_gb)
         cols["vcpus"].append(host.vcpus)
         cols["ram_gb"].append(host.ram_gb)
-        cols["on_demand_micros_per_hour"].append(host.price.on_demand + accel.price.on_demand)
-        cols["spot_micros_per_hour"].append(_sum_spot(host.price.spot, accel.price.spot))
+        cols["on_demand_micros_per_hour"].append(_sum(host.price.on_demand, accel.price.on_demand))
+        cols["spot_micros_per_hour"].append(_sum(host.price.spot, accel.price.spot))
         cols["spot_risk"].append(0.0)
     return OfferTable.from_columns(cols)
