@@ -29,9 +29,7 @@ def optimal_costs(
     width = slack + 1
     window = job_windows(matrix, offsets, ticks.deadline + q + 1)  # (Z, B, T)
     # ok[z, b, t]: spot in z stays available over the overhead ticks [t, t + q)
-    run = np.concatenate(
-        [np.zeros((n_zones, n, 1), np.int64), np.cumsum(window, axis=2)], axis=2
-    )
+    run = np.concatenate([np.zeros((n_zones, n, 1), np.int64), np.cumsum(window, axis=2)], axis=2)
     ok = (run[:, :, q:] - run[:, :, : run.shape[2] - q]) == q
     spot_step, od_step = ticks.hours * job.spot_price, ticks.hours * job.on_demand_price
     idle = np.full((n, width), np.inf)

@@ -206,3 +206,63 @@ def uniform_progress(state: PolicyState) -> Decision:
     if _cannot_wait(state) or done < rate * elapsed - EPS:
         return ON_DEMAND
     return CONTINUE
+
+
+LOOSE_SLACK = 0.2  # slack / time to deadline at the start above which waiting for spot pays
+AHEAD_HOURS = 1.0  # lead over the forecast before leaving on-demand to wait for spot
+
+
+def _best_spot_zone(state: PolicyState) -> str | None:
+    """The obtainable zone whose spot windows have lasted longest (first on ties)."""
+    best, best_window = None, -1.0
+    for zone, obtainable in zip(state.zones, state.spot_obtainable, strict=True):
+        window = state.history.mean_window_hours(zone)
+        if obtainable and window > best_window:
+            best, best_window = zone, window
+    return best
+
+
+def broker(state: PolicyState) -> Decision:
+    """Ours: spot in the zone with the longest windows; on-demand only when history says so.
+
+    Tight jobs run on-demand while the work left exceeds the spot the history predicts for
+    the time left (availability x hours); loose jobs wait for spot until they must. Both
+    leave on-demand for spot when the zone's windows outlast the switch's break-even.
+    """
+    if state.work_left_hours <= EPS:
+        return STOP
+    if state.instance is Instance.SPOT:
+        return CONTINUE
+    zone = _best_spot_zone(state)
+    must = _cannot_wait(state)
+    supply = max((state.history.availability(z) for z in state.zones), default=0.0) * (
+        state.hours_to_deadline - state.tick_hours
+    )
+    loose = state.hours_total - state.work_total_hours >= LOOSE_SLACK * state.hours_total
+    if state.instance is Instance.ON_DEMAND:
+        if must:
+            return CONTINUE
+        if zone is not None and _spot_is_safe(state) and _worth_switching(state, zone):
+            return Decision(Action.SPOT, zone)
+        if zone is None and state.work_left_hours + AHEAD_HOURS < supply:
+            return WAIT
+        return CONTINUE
+    if zone is not None and _spot_is_safe(state):
+        return Decision(Action.SPOT, zone)
+    if must or (not loose and state.work_left_hours > supply):
+        return ON_DEMAND
+    return CONTINUE
+
+
+def _worth_switching(state: PolicyState, zone: str) -> bool:
+    """On-demand -> spot -> on-demand costs two restarts; pays if the window outlasts that."""
+    k = state.on_demand_price / state.spot_price
+    return state.history.mean_window_hours(zone) * (k - 1) > 2 * k * state.restart_hours
+
+
+POLICIES: dict[str, Policy] = {
+    "on_demand": on_demand,
+    "greedy": greedy,
+    "uniform_progress": uniform_progress,
+    "broker": broker,
+}

@@ -13,12 +13,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker.policy import (
+    AHEAD_HOURS,
     EPS,
+    LOOSE_SLACK,
     Action,
     AvailabilityHistory,
     Instance,
     PolicyState,
     ZoneHistory,
+    availability_estimate,
+    window_estimate,
 )
 
 
@@ -139,8 +143,43 @@ def uniform_progress_batch(s: BatchState) -> BatchDecision:
     return action.astype(np.int8), np.where(action == Action.SPOT, zone, -1)
 
 
+def broker_batch(s: BatchState) -> BatchDecision:
+    window = window_estimate(s.available_hours, s.windows)  # (Z, B)
+    score = np.where(s.spot_obtainable, window, -1.0)
+    zone = np.where(s.spot_obtainable.any(axis=0), score.argmax(axis=0), -1)
+    has_zone = zone >= 0
+    must = cannot_wait(s)
+    safe = spot_is_safe(s)
+    availability = availability_estimate(s.available_hours, s.observed_hours).max(axis=0)
+    supply = availability * (s.hours_to_deadline - s.tick_hours)
+    loose = s.hours_total - s.work_total_hours >= LOOSE_SLACK * s.hours_total
+    k = s.on_demand_price / s.spot_price
+    zone_window = np.take_along_axis(window, np.maximum(zone, 0)[None, :], axis=0)[0]
+    worth = zone_window * (k - 1) > 2 * k * s.restart_hours
+    ahead = ~has_zone & (s.work_left_hours + AHEAD_HOURS < supply)
+    od_action = np.select(
+        [must, has_zone & safe & worth, ahead],
+        [Action.CONTINUE, Action.SPOT, Action.WAIT],
+        Action.CONTINUE,
+    )
+    behind = must | (~loose & (s.work_left_hours > supply))
+    idle_action = np.where(
+        has_zone & safe,
+        Action.SPOT,
+        np.where(behind, Action.ON_DEMAND, Action.CONTINUE),
+    )
+    action = np.select(
+        [s.instance == Instance.SPOT, s.instance == Instance.ON_DEMAND],
+        [Action.CONTINUE, od_action],
+        idle_action,
+    )
+    action = np.where(s.work_left_hours <= EPS, Action.STOP, action)
+    return action.astype(np.int8), np.where(action == Action.SPOT, zone, -1)
+
+
 BATCH_POLICIES: dict[str, BatchPolicy] = {
     "on_demand": on_demand_batch,
     "greedy": greedy_batch,
     "uniform_progress": uniform_progress_batch,
+    "broker": broker_batch,
 }

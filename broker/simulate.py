@@ -210,3 +210,62 @@ def _apply(
     instance[od], zone[od], overhead[od] = Instance.ON_DEMAND, -1, restart
     idle = failed | (action == Action.WAIT) | (action == Action.STOP)
     instance[idle], zone[idle], overhead[idle] = Instance.NONE, -1, 0
+
+
+@dataclass(frozen=True)
+class PolicySummary:
+    """One policy over all start offsets: costs normalized per start, deadline misses."""
+
+    policy: str
+    mean_vs_on_demand: float
+    p90_vs_on_demand: float
+    mean_vs_optimal: float
+    p90_vs_optimal: float
+    misses: int
+    jobs: int
+
+
+def compare(
+    traces: Sequence[Trace], job: JobSpec, offsets: np.ndarray, policies: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """Cost per start offset of each policy (``optimal`` included when named)."""
+    from broker.optimal import optimal_costs
+
+    matrix, gap = zone_matrix(traces)
+    ticks = Ticks.of(job, gap)
+    zones = tuple(t.zone for t in traces)
+    out: dict[str, np.ndarray] = {}
+    for name in policies:
+        if name == "optimal":
+            out[name] = optimal_costs(matrix, offsets, ticks, job)
+        else:
+            result = simulate_ticks(BATCH_POLICIES[name], matrix, offsets, ticks, job, zones)
+            out[name] = np.where(result.missed, -result.cost, result.cost)  # sign = missed
+    return out
+
+
+def summarize(costs: dict[str, np.ndarray], on_demand_cost: float) -> list[PolicySummary]:
+    """Mean and p90 of cost / on-demand and cost / optimal (negative cost = missed deadline)."""
+    best = costs["optimal"]
+    rows = []
+    for name, signed in costs.items():
+        cost = np.abs(signed)
+        vs_opt = cost / best
+        rows.append(
+            PolicySummary(
+                policy=name,
+                mean_vs_on_demand=float(np.mean(cost) / on_demand_cost),
+                p90_vs_on_demand=float(np.percentile(cost, 90) / on_demand_cost),
+                mean_vs_optimal=float(np.mean(vs_opt)),
+                p90_vs_optimal=float(np.percentile(vs_opt, 90)),
+                misses=int(np.sum(signed < 0)),
+                jobs=len(cost),
+            )
+        )
+    return rows
+
+
+def on_demand_cost(job: JobSpec, gap_seconds: float) -> float:
+    """What the job costs on on-demand alone (one start)."""
+    ticks = Ticks.of(job, gap_seconds)
+    return (ticks.work + ticks.restart) * ticks.hours * job.on_demand_price
