@@ -14,7 +14,8 @@ write/restore time t = size_gb * seconds_per_gb / 3600:
   * market "auto": spot for at most ``w_k``, then the whole job again on on-demand of the
     same offer. Worst case ``p_s * w_k + p_od * H`` (slack burnt on spot, then all work on
     on-demand); expected cost ``p_s * E[min(T, w_k)] + P(N > k) * p_od * H``; needs
-    ``w_k + H <= deadline``; ``p_deadline = 1``. k minimises the expected cost.
+    ``w_k + H <= deadline``; ``p_deadline = 1``. k minimises the expected cost (in whole
+    micro-dollars; the smaller window on a tie).
 
 Each plan's figures depend on the deadline and budget only through which windows are
 allowed, so a tighter deadline or budget can only remove options, never cheapen one.
@@ -123,11 +124,14 @@ def resource_mask(request: PlanRequest, offers: OfferTable) -> np.ndarray:
 
 def _poisson_tables(mu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """P(N <= k) and sum_{j<=k} j P(N = j) at every k of SPOT_WINDOWS, per row of ``mu``."""
-    steps = np.concatenate([np.ones((len(mu), 1)), mu[:, None] / _J[None, :]], axis=1)
-    pmf = np.exp(-mu)[:, None] * np.cumprod(steps, axis=1)
+    # mu = risk * hours repeats across zones and regions: compute each distinct value once.
+    unique, inverse = np.unique(mu, return_inverse=True)
+    steps = np.concatenate([np.ones((len(unique), 1)), unique[:, None] / _J[None, :]], axis=1)
+    pmf = np.exp(-unique)[:, None] * np.cumprod(steps, axis=1)
     cdf = np.minimum(np.cumsum(pmf, axis=1), 1.0)
     first_moment = np.cumsum(pmf * np.arange(pmf.shape[1]), axis=1)
-    return cdf[:, SPOT_WINDOWS], first_moment[:, SPOT_WINDOWS]
+    inverse = inverse.reshape(-1)
+    return cdf[:, SPOT_WINDOWS][inverse], first_moment[:, SPOT_WINDOWS][inverse]
 
 
 def _ceil_micros(x: np.ndarray) -> np.ndarray:
@@ -179,11 +183,15 @@ def _spot(
         expected_hours = on_spot + fallback
         on_time = window + hours[:, None] <= request.deadline_hours
     fits = on_time & (worst <= request.max_cost_micros)
-    # The cheapest window within budget; failing that the on-time window with the smallest
-    # worst case, which the infeasibility explanation quotes (the ranking drops it).
+    # The cheapest window (in whole micro-dollars) within budget, the smallest such window
+    # on ties so the worst case is no larger than needed; with none within budget, the
+    # on-time window with the smallest worst case, which the infeasibility message quotes.
+    cost_micros = _ceil_micros(np.where(fits, cost, 0.0))
+    cheapest = np.where(fits, cost_micros, np.iinfo(np.int64).max).min(axis=1)
+    best = fits & (cost_micros == cheapest[:, None])
     k = np.where(
         fits.any(axis=1),
-        np.argmin(np.where(fits, cost, np.inf), axis=1),
+        np.argmax(best, axis=1),
         np.argmin(np.where(on_time, worst, np.iinfo(np.int64).max), axis=1),
     )
     rows = np.arange(len(idx))
