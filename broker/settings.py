@@ -20,6 +20,9 @@ class Settings(BaseSettings):
         default=None, description="SQLAlchemy URL; default: SQLite file in data_dir."
     )
     admin_token: SecretStr | None = None
+    agent_secret: SecretStr | None = Field(
+        default=None, description="Key that per-attempt agent tokens derive from."
+    )
 
     # Celery
     celery_broker_url: str | None = Field(

@@ -47,9 +47,7 @@ def load_trace(path: str | Path) -> Trace:
     gap = float(payload["metadata"]["gap_seconds"])
     match = _NAME.match(path.name)
     zone, gpu, count = (
-        (match["zone"], match["gpu"].upper(), int(match["count"]))
-        if match
-        else (path.stem, "", 1)
+        (match["zone"], match["gpu"].upper(), int(match["count"])) if match else (path.stem, "", 1)
     )
     return Trace(
         name=f"{path.parent.name}/{path.name}",

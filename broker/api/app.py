@@ -6,7 +6,7 @@ from fastapi import FastAPI
 
 from broker.api.errors import install_error_handlers
 from broker.api.limits import BodySizeLimit
-from broker.api.routes import attempts, budget, health, jobs, teams
+from broker.api.routes import attempts, budget, health, jobs, quotes, teams
 from broker.settings import get_settings
 
 
@@ -17,7 +17,7 @@ def create_app() -> FastAPI:
         version="1",
         description="Deadline- and budget-aware GPU job broker (see API.md).",
     )
-    for module in (teams, jobs, budget, attempts, health):
+    for module in (teams, jobs, quotes, budget, attempts, health):
         app.include_router(module.router)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=get_settings().max_body_bytes)

@@ -1,0 +1,28 @@
+"""Team route: what a job would cost, without launching anything."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from broker.api.deps import NowDep, TeamDep
+from broker.api.schemas import PlanOut
+from broker.planning import plan_fields, quote_job
+from broker.spec import JobSpec
+
+router = APIRouter(prefix="/v1", tags=["quotes"])
+
+
+class QuoteOut(BaseModel):
+    plans: list[PlanOut]
+    cheapest_on_demand: PlanOut | None
+
+
+@router.post("/quotes", response_model=QuoteOut)
+def post_quote(spec: JobSpec, now: NowDep, _team_id: TeamDep) -> QuoteOut:
+    plans = quote_job(spec, now)
+    cheapest = plans.cheapest_on_demand
+    return QuoteOut(
+        plans=[PlanOut.model_validate(plan_fields(p)) for p in plans.plans],
+        cheapest_on_demand=PlanOut.model_validate(plan_fields(cheapest)) if cheapest else None,
+    )
