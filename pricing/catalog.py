@@ -88,9 +88,18 @@ class OfferTable:
     def row(self, i: int) -> Offer:
         """Row ``i`` as an :class:`Offer` of plain Python values."""
         return Offer(
-            **{name: str(getattr(self, name)[i]) for name in _STR_FIELDS},
-            **{name: int(getattr(self, name)[i]) for name in _INT_FIELDS},
-            **{name: float(getattr(self, name)[i]) for name in _FLOAT_FIELDS},
+            provider=str(self.provider[i]),
+            region=str(self.region[i]),
+            zone=str(self.zone[i]),
+            instance_type=str(self.instance_type[i]),
+            gpu=str(self.gpu[i]),
+            gpu_count=int(self.gpu_count[i]),
+            gpu_memory_gb=float(self.gpu_memory_gb[i]),
+            vcpus=float(self.vcpus[i]),
+            ram_gb=float(self.ram_gb[i]),
+            on_demand_micros_per_hour=int(self.on_demand_micros_per_hour[i]),
+            spot_micros_per_hour=int(self.spot_micros_per_hour[i]),
+            spot_risk=float(self.spot_risk[i]),
             price_as_of=_to_datetime(self.price_as_of[i]),
         )
 
