@@ -132,7 +132,7 @@ def refresh_aws(
     return RefreshResult(new, snapshot)
 
 
-def _gcp_zone_catalog(clients: dict, project: str, zone: str) -> tuple[dict, dict]:
+def _gcp_zone_catalog(clients: dict[str, Any], project: str, zone: str) -> tuple[dict, dict]:
     machines = {m.name: m for m in clients["machines"].list(project=project, zone=zone)}
     accelerators = {
         a.name: a.maximum_cards_per_instance
@@ -167,7 +167,7 @@ def refresh_gcp(
     vcpus, ram = table.vcpus.copy(), table.ram_gb.copy()
     keep = ~gcp
     try:
-        clients = {
+        clients: dict[str, Any] = {
             "zones": compute_v1.ZonesClient(**kwargs),
             "machines": compute_v1.MachineTypesClient(**kwargs),
             "accelerators": compute_v1.AcceleratorTypesClient(**kwargs),
