@@ -16,6 +16,8 @@ from broker.jobs import JobStatus
 from broker.ledger import lock_team, reserve
 from broker.models import Job
 from broker.money import to_micros
+from broker.planner import Plan
+from broker.planning import plan_fields, quote_job
 from broker.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,11 @@ def check_deadline(spec: JobSpec, now: datetime) -> None:
         raise InvalidInput("deadline is more than a year away", "deadline")
 
 
+def reservation(job: Job, plan: Plan) -> int:
+    """What admission holds for a job: its plan's worst case, never more than max_cost."""
+    return min(job.max_cost_micros, plan.worst_case_cost_micros)
+
+
 def _existing(session: Session, team_id: str, key: str, digest: str) -> Job | None:
     job = session.exec(
         select(Job).where(Job.team_id == team_id, Job.idempotency_key == key)
@@ -49,12 +56,14 @@ def _existing(session: Session, team_id: str, key: str, digest: str) -> Job | No
 def submit(
     session: Session, team_id: str, spec: JobSpec, now: datetime, idempotency_key: str | None = None
 ) -> tuple[Job, bool]:
-    """Admit a job: reserve its max cost against the locked team budget and queue it.
+    """Admit a job on its best plan: reserve min(max_cost, the plan's worst case) against the
+    locked team budget and queue it.
 
     Returns the job and whether it was created (False: an earlier submission with the same
     Idempotency-Key and body). Raises BudgetExceeded, Conflict or InvalidInput.
     """
     check_deadline(spec, now)
+    best = quote_job(spec, now).plans[0]
     digest = request_hash(spec)
     if idempotency_key and (job := _existing(session, team_id, idempotency_key, digest)):
         return job, False
@@ -72,6 +81,7 @@ def submit(
         total_work=spec.total_work,
         deadline=spec.deadline,
         max_cost_micros=to_micros(spec.max_cost),
+        plan=plan_fields(best),
         priority=spec.priority,
         idempotency_key=idempotency_key,
         request_hash=digest,
@@ -80,7 +90,7 @@ def submit(
     )
     session.add(job)
     session.flush()
-    reserve(session, team, job, job.max_cost_micros, now)
+    reserve(session, team, job, reservation(job, best), now)
     try:
         session.commit()
     except IntegrityError:

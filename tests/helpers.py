@@ -42,3 +42,10 @@ def job_spec(**overrides: object) -> dict:
     }
     spec.update(overrides)
     return spec
+
+
+def worst_case(client, headers, spec: dict) -> str:  # type: ignore[no-untyped-def]
+    """The worst-case cost of the plan a submission of ``spec`` would get (a quote)."""
+    response = client.post("/v1/quotes", json=spec, headers=headers)
+    assert response.status_code == 200, response.text
+    return response.json()["plans"][0]["worst_case_cost"]

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 
 import httpx
 from sqlalchemy import func
 from sqlmodel import Session, select
 
 from broker.models import LedgerEntry
-from tests.helpers import job_spec
+from tests.helpers import job_spec, worst_case
 
 
-def test_fifty_concurrent_submissions_accept_exactly_ten(live_server, make_team, db_engine):
-    team, headers = make_team(limit="100.00", period="total")
-    spec = job_spec(max_cost="10.00")
+def test_fifty_concurrent_submissions_accept_exactly_ten(
+    live_server, client, make_team, admin_headers, db_engine
+):
+    team, headers = make_team(limit="1000.00", period="total")
+    spec = job_spec(max_cost="10.00", workload={"model": "ResNet-50", "steps": 4000})
+    each = Decimal(worst_case(client, headers, spec))
+    client.patch(
+        f"/v1/teams/{team['id']}", headers=admin_headers, json={"budget": {"limit": str(each * 10)}}
+    )
 
     def submit(i: int) -> int:
         with httpx.Client(base_url=live_server, headers=headers, timeout=60) as http:
@@ -34,8 +41,8 @@ def test_fifty_concurrent_submissions_accept_exactly_ten(live_server, make_team,
         entries = session.exec(
             select(func.count()).select_from(LedgerEntry).where(LedgerEntry.team_id == team["id"])
         ).one()
-    assert reserved == 100_000_000
+    assert reserved == int(each * 10 * 1_000_000)
     assert entries == 10
     with httpx.Client(base_url=live_server, headers=headers) as http:
         budget = http.get("/v1/budget").json()
-    assert budget["available"] == "0.00" and budget["reserved"] == "100.00"
+    assert Decimal(budget["available"]) == 0 and Decimal(budget["reserved"]) == each * 10

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from tests.helpers import job_spec
+from decimal import Decimal
+
+from tests.helpers import job_spec, worst_case
 
 
-def test_submit_reserves_max_cost_and_queues(client, make_team):
+def test_submit_reserves_the_plans_worst_case_and_queues(client, make_team):
     _, headers = make_team(limit="1000.00")
+    quoted = client.post("/v1/quotes", json=job_spec(), headers=headers).json()["plans"][0]
     response = client.post("/v1/jobs", json=job_spec(), headers=headers)
     assert response.status_code == 201, response.text
     job = response.json()
     assert job["status"] == "queued"
-    assert job["reserved"] == "250.00"
+    assert job["plan"] == quoted
+    reserved = Decimal(quoted["worst_case_cost"])
+    assert Decimal("0") < reserved <= Decimal("250.00")
+    assert Decimal(job["reserved"]) == reserved
     assert job["spent"] == "0.00"
     assert job["progress"] == {
         "work_done": 0.0,
@@ -20,21 +26,28 @@ def test_submit_reserves_max_cost_and_queues(client, make_team):
         "fraction": 0.0,
     }
     budget = client.get("/v1/budget", headers=headers).json()
-    assert budget["reserved"] == "250.00"
-    assert budget["available"] == "750.00"
+    assert Decimal(budget["reserved"]) == reserved
+    assert Decimal(budget["available"]) == Decimal("1000.00") - reserved
 
 
 def test_over_budget_submission_is_402_with_figures(client, make_team):
-    _, headers = make_team(limit="100.00")
-    response = client.post("/v1/jobs", json=job_spec(max_cost="100.01"), headers=headers)
+    _, headers = make_team(limit="0.50")
+    needed = worst_case(client, headers, job_spec())
+    response = client.post("/v1/jobs", json=job_spec(), headers=headers)
     assert response.status_code == 402
     detail = response.json()["detail"]
     assert detail["code"] == "budget_exceeded"
-    assert "100.00" in detail["message"] and "100.01" in detail["message"]
+    assert "0.50" in detail["message"] and needed.rstrip("0") in detail["message"]
 
 
-def test_second_submission_over_budget_is_rejected(client, make_team):
-    _, headers = make_team(limit="300.00")
+def test_second_submission_over_budget_is_rejected(client, make_team, admin_headers):
+    team, headers = make_team(limit="1000.00")
+    limit = (Decimal(worst_case(client, headers, job_spec())) * Decimal("1.5")).quantize(
+        Decimal("0.01")
+    )
+    client.patch(
+        f"/v1/teams/{team['id']}", json={"budget": {"limit": str(limit)}}, headers=admin_headers
+    )
     assert client.post("/v1/jobs", json=job_spec(), headers=headers).status_code == 201
     assert client.post("/v1/jobs", json=job_spec(), headers=headers).status_code == 402
 
@@ -46,7 +59,8 @@ def test_idempotency_key_returns_same_job(client, make_team):
     again = client.post("/v1/jobs", json=job_spec(), headers=keyed)
     assert first.status_code == 201 and again.status_code == 200
     assert first.json()["id"] == again.json()["id"]
-    assert client.get("/v1/budget", headers=headers).json()["reserved"] == "250.00"
+    reserved = client.get("/v1/budget", headers=headers).json()["reserved"]
+    assert reserved == first.json()["reserved"]
 
 
 def test_idempotency_key_with_other_body_is_conflict(client, make_team):

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
 
-from broker import admission, lifecycle, queries
+from broker import admission, ledger, lifecycle, queries
 from broker.api.deps import NowDep, SessionDep, TeamDep
 from broker.api.present import job_out, job_summary
 from broker.api.schemas import JobOut, JobPage
@@ -33,7 +33,7 @@ def submit_job(
     if not created:
         response.status_code = status.HTTP_200_OK
         return job_out(queries.job_view(session, team_id, job.id))
-    return job_out(queries.new_job_view(job, reserved=job.max_cost_micros))
+    return job_out(queries.new_job_view(job, reserved=ledger.job_reserved(session, job.id)))
 
 
 @router.get("", response_model=JobPage)
