@@ -55,9 +55,21 @@ def free_port() -> int:
 def start(app: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "warning", "--no-access-log"],
-        cwd=ROOT, env={**os.environ, **env},
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            app,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env},
     )
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
@@ -88,14 +100,19 @@ async def hammer(url: str, headers: dict[str, str], jobs: int, concurrency: int)
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
     elapsed = time.perf_counter() - began
     ms = np.array(latencies) * 1000
-    return {"req_per_s": jobs / elapsed, "p50_ms": float(np.percentile(ms, 50)),
-            "p99_ms": float(np.percentile(ms, 99)), "failures": failures}
+    return {
+        "req_per_s": jobs / elapsed,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "failures": failures,
+    }
 
 
 def broker_headers(url: str, admin: str) -> dict[str, str]:
     auth = {"Authorization": f"Bearer {admin}"}
-    team = httpx.post(f"{url}/v1/teams", headers=auth,
-                      json={"name": "bench", "budget": {"limit": "1000000.00"}}).json()
+    team = httpx.post(
+        f"{url}/v1/teams", headers=auth, json={"name": "bench", "budget": {"limit": "1000000.00"}}
+    ).json()
     key = httpx.post(f"{url}/v1/teams/{team['id']}/keys", headers=auth, json={"name": "b"})
     return {"Authorization": f"Bearer {key.json()['token']}"}
 
@@ -104,8 +121,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--pg", default=os.environ.get(
-        "BROKER_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    parser.add_argument(
+        "--pg",
+        default=os.environ.get(
+            "BROKER_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+        ),
+    )
     args = parser.parse_args()
 
     results = {}
@@ -115,8 +136,13 @@ def main() -> None:
             if label == "broker":
                 admin = "adm_" + secrets.token_hex(16)
                 env = {"BROKER_DATABASE_URL": url_db, "BROKER_ADMIN_TOKEN": admin}
-                subprocess.run([sys.executable, "-m", "broker.cli", "db", "upgrade"], cwd=ROOT,
-                               env={**os.environ, **env}, check=True, capture_output=True)
+                subprocess.run(
+                    [sys.executable, "-m", "broker.cli", "db", "upgrade"],
+                    cwd=ROOT,
+                    env={**os.environ, **env},
+                    check=True,
+                    capture_output=True,
+                )
                 process, url = start("broker.api:app", env)
                 headers = broker_headers(url, admin)
             else:
@@ -130,13 +156,23 @@ def main() -> None:
         finally:
             drop_database(args.pg, name)
         r = results[label]
-        print(f"{label:>6}: {r['req_per_s']:8.1f} req/s  p50 {r['p50_ms']:6.1f} ms  "
-              f"p99 {r['p99_ms']:6.1f} ms  failures {r['failures']}")
+        print(
+            f"{label:>6}: {r['req_per_s']:8.1f} req/s  p50 {r['p50_ms']:6.1f} ms  "
+            f"p99 {r['p99_ms']:6.1f} ms  failures {r['failures']}"
+        )
     ratio = results["broker"]["req_per_s"] / results["bare"]["req_per_s"]
     print(f" ratio: broker / bare insert = {ratio:.2f} (goal >= 0.5; p99 goal <= 100 ms)")
-    print(json.dumps({"bench": "api_submit", "jobs": args.jobs, "concurrency": args.concurrency,
-                      **{f"{k}_{m}": v for k, r in results.items() for m, v in r.items()},
-                      "ratio": ratio}))
+    print(
+        json.dumps(
+            {
+                "bench": "api_submit",
+                "jobs": args.jobs,
+                "concurrency": args.concurrency,
+                **{f"{k}_{m}": v for k, r in results.items() for m, v in r.items()},
+                "ratio": ratio,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

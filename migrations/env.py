@@ -49,8 +49,12 @@ def run_migrations_online() -> None:
 
 
 if context.is_offline_mode():
-    context.configure(url=get_settings().resolved_database_url, target_metadata=target_metadata,
-                      render_item=render_item, literal_binds=True)
+    context.configure(
+        url=get_settings().resolved_database_url,
+        target_metadata=target_metadata,
+        render_item=render_item,
+        literal_binds=True,
+    )
     with context.begin_transaction():
         context.run_migrations()
 else:
