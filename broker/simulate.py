@@ -124,7 +124,7 @@ def simulate_ticks(
     zones: tuple[str, ...],
 ) -> SimResult:
     """The lockstep loop on a (Z, L) availability matrix, the job already in ticks."""
-    n_zones, n = matrix.shape[0], len(offsets)
+    n = len(offsets)
     dt, q = ticks.hours, ticks.restart
     window = job_windows(matrix, offsets, max(ticks.deadline, 1))
     observed, avail_hours, windows, last = prime_history(matrix, offsets, dt)

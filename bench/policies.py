@@ -1,0 +1,138 @@
+"""Spot policies on the bundled traces: cost vs the hindsight optimum and Uniform Progress.
+
+Every trace alone (single zone) and every region's zones together (multi-zone: the traces of
+one dataset folder with the same GPU and length); work 24 h and 48 h, deadline x1.1 and x1.5,
+restart 0.1 h and 0.5 h, N start offsets each. Prints the figures, then one JSON line last.
+
+    python bench/policies.py [--starts 200] [--coarsen-below 60]
+
+Traces sampled faster than ``--coarsen-below`` seconds (the 32 s preemption traces) are
+resampled to the smallest multiple above it, a block available only if all of it was: the
+optimum's DP is quadratic in ticks and would otherwise dominate the run on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import time
+from collections import defaultdict
+from dataclasses import replace
+
+import numpy as np
+
+from broker.optimal import optimal_costs
+from broker.policy_batch import BATCH_POLICIES
+from broker.simulate import JobSpec, Ticks, simulate_ticks, start_offsets, zone_matrix
+from pricing.traces import Trace, bundled_traces
+
+POLICIES = ("on_demand", "greedy", "uniform_progress", "broker")
+WORK = (24.0, 48.0)
+SLACK = (1.1, 1.5)
+RESTART = (0.1, 0.5)
+SPOT_PRICE, ON_DEMAND_PRICE = 0.92, 3.06
+
+
+def coarsen(trace: Trace, below: float) -> Trace:
+    if trace.gap_seconds >= below:
+        return trace
+    factor = math.ceil(below / trace.gap_seconds)
+    blocks = len(trace.available) // factor
+    available = trace.available[: blocks * factor].reshape(blocks, factor).all(axis=1)
+    return replace(trace, gap_seconds=trace.gap_seconds * factor, available=available)
+
+
+def scenarios(traces: tuple[Trace, ...]) -> list[tuple[str, list[Trace]]]:
+    """Each trace alone, then each region's zones (same folder, GPU, count, length)."""
+    out = [(t.name, [t]) for t in traces]
+    regions: dict[tuple, list[Trace]] = defaultdict(list)
+    for t in traces:
+        folder = t.name.split("/")[0]
+        region = t.zone.rstrip("abcdefgh")
+        regions[(folder, region, t.gpu, t.gpu_count, len(t.available))].append(t)
+    for (folder, region, gpu, count, _), zones in sorted(regions.items()):
+        if len(zones) > 1:
+            out.append((f"{folder}/{region}*_{gpu.lower()}_{count} (x{len(zones)})", zones))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--starts", type=int, default=200)
+    parser.add_argument("--coarsen-below", type=float, default=60.0)
+    args = parser.parse_args()
+    traces = tuple(coarsen(t, args.coarsen_below) for t in bundled_traces())
+    # rows[(scope, policy)] -> list of per-case arrays of cost / optimal and cost / UP
+    vs_opt: dict[tuple[str, str], list[np.ndarray]] = defaultdict(list)
+    vs_up: dict[tuple[str, str], list[np.ndarray]] = defaultdict(list)
+    misses: dict[tuple[str, str], int] = defaultdict(int)
+    sim_seconds, sim_jobs, dp_seconds = 0.0, 0, 0.0
+    for name, zones in scenarios(traces):
+        scope = "single" if len(zones) == 1 else "multi"
+        matrix, gap = zone_matrix(zones)
+        offsets = start_offsets(matrix.shape[1], args.starts)
+        labels = tuple(z.zone for z in zones)
+        for work, slack, restart in itertools.product(WORK, SLACK, RESTART):
+            job = JobSpec(work, work * slack, restart, SPOT_PRICE, ON_DEMAND_PRICE)
+            ticks = Ticks.of(job, gap)
+            began = time.perf_counter()
+            best = optimal_costs(matrix, offsets, ticks, job)
+            dp_seconds += time.perf_counter() - began
+            costs = {}
+            for policy in POLICIES:
+                began = time.perf_counter()
+                result = simulate_ticks(BATCH_POLICIES[policy], matrix, offsets, ticks, job, labels)
+                sim_seconds += time.perf_counter() - began
+                sim_jobs += len(offsets)
+                costs[policy] = result.cost
+                misses[(scope, policy)] += int(result.missed.sum())
+                if (result.cost < best - 1e-6).any():
+                    raise AssertionError(f"{policy} beat the optimum on {name}")
+            for policy, cost in costs.items():
+                vs_opt[(scope, policy)].append(cost / best)
+                vs_up[(scope, policy)].append(cost / costs["uniform_progress"])
+        print(f"  done {name}", flush=True)
+    summary: dict[str, dict[str, dict[str, float]]] = {}
+    print(f"\n{'scope':7} {'policy':17} {'mean/opt':>9} {'p90/opt':>8} {'mean/UP':>8} misses")
+    for (scope, policy), ratios in vs_opt.items():
+        per_case = np.array([r.mean() for r in ratios])
+        all_jobs = np.concatenate(ratios)
+        row = {
+            "mean_vs_optimal": float(per_case.mean()),
+            "p90_vs_optimal": float(np.percentile(all_jobs, 90)),
+            "mean_vs_uniform_progress": float(np.mean([r.mean() for r in vs_up[(scope, policy)]])),
+            "misses": misses[(scope, policy)],
+            "jobs": int(all_jobs.size),
+        }
+        summary.setdefault(scope, {})[policy] = row
+        print(
+            f"{scope:7} {policy:17} {row['mean_vs_optimal']:9.3f} {row['p90_vs_optimal']:8.3f}"
+            f" {row['mean_vs_uniform_progress']:8.3f} {row['misses']:6d}"
+        )
+    for scope, rows in summary.items():
+        greedy, up = rows["greedy"]["mean_vs_optimal"], rows["uniform_progress"]["mean_vs_optimal"]
+        closed = (greedy - up) / (greedy - 1.0) if greedy > 1.0 else float("nan")
+        rows["uniform_progress"]["share_of_greedy_gap_closed"] = closed
+        print(f"{scope}: Uniform Progress closes {closed:.0%} of greedy's gap to optimal")
+    speed = sim_jobs / sim_seconds
+    print(
+        f"simulator: {speed:,.0f} job-traces/s on one core ({sim_jobs} runs, "
+        f"{sim_seconds:.1f} s); optimal DP {dp_seconds:.1f} s"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "policies",
+                "starts": args.starts,
+                "summary": summary,
+                "job_traces_per_second": speed,
+                "optimal_dp_seconds": dp_seconds,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
