@@ -11,6 +11,10 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+local_app = typer.Typer(
+    help="Clouds on this machine: moto (AWS) and a GCE fake.", no_args_is_help=True
+)
+app.add_typer(local_app, name="local")
 console = Console()
 
 
@@ -43,6 +47,35 @@ def db_upgrade(revision: str = typer.Argument("head", help="Target revision.")) 
 
     upgrade(get_engine(), revision)
     console.print(f"database at {revision}")
+
+
+@local_app.command("up")
+def local_up() -> None:
+    """Start both local clouds with market replay; print their endpoints; Ctrl-C stops them."""
+    import threading
+
+    from broker.settings import get_settings
+    from providers.local.stack import LocalCloud
+
+    with LocalCloud.from_settings(get_settings()) as cloud:
+        console.print("Local clouds running. Point the broker at them with:")
+        for name, value in sorted(cloud.env.items()):
+            console.print(f"  export {name}={value}")
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            console.print("stopping")
+
+
+def _register_simulate() -> None:
+    from broker.cli_simulate import simulate
+
+    app.command("simulate", help="Replay spot traces: policy costs vs on-demand and optimal.")(
+        simulate
+    )
+
+
+_register_simulate()
 
 
 if __name__ == "__main__":
