@@ -17,11 +17,10 @@ from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
 
 from broker import clock
 from broker.settings import Settings
-from providers.aws_errors import to_domain_error
+from providers.aws_errors import call_aws
 from providers.base import (
     MANAGED_TAG,
     REASON_SPOT_PREEMPTED,
@@ -229,13 +228,7 @@ class AwsProvider:
             return self._clients[region]
 
     def _call(self, action: str, fn: Callable[[], T]) -> T:
-        def mapped() -> T:
-            try:
-                return fn()
-            except (ClientError, BotoCoreError) as exc:
-                raise to_domain_error(exc, action) from exc
-
-        return self._retry.call(mapped)
+        return call_aws(self._retry, action, fn)
 
 
 def instance_state(instance: dict[str, Any]) -> InstanceState:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
 from providers.base import (
@@ -12,6 +15,7 @@ from providers.base import (
     QuotaError,
     TransientError,
 )
+from providers.retry import RetryPolicy
 
 CAPACITY_CODES = frozenset(
     {
@@ -75,3 +79,18 @@ def to_domain_error(exc: Exception, action: str) -> ProviderError:
     if isinstance(exc, BotoCoreError):
         return ProviderError(f"AWS {action} failed: {exc}")
     raise TypeError(f"not a boto3 error: {exc!r}")
+
+
+T = TypeVar("T")
+
+
+def call_aws(retry: RetryPolicy, action: str, fn: Callable[[], T]) -> T:
+    """Run one boto3 call under ``retry``, its botocore errors mapped to domain errors."""
+
+    def mapped() -> T:
+        try:
+            return fn()
+        except (ClientError, BotoCoreError) as exc:
+            raise to_domain_error(exc, action) from exc
+
+    return retry.call(mapped)

@@ -7,10 +7,10 @@ from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ClientError
 
 from broker.settings import Settings
-from providers.aws_errors import error_code, to_domain_error
+from providers.aws_errors import call_aws, error_code
 from providers.retry import RetryPolicy
 
 T = TypeVar("T")
@@ -104,10 +104,4 @@ class S3CheckpointStore:
         return sorted(objects, key=lambda item: (item["LastModified"], item["Key"]))
 
     def _call(self, action: str, fn: Callable[[], T]) -> T:
-        def mapped() -> T:
-            try:
-                return fn()
-            except (ClientError, BotoCoreError) as exc:
-                raise to_domain_error(exc, action) from exc
-
-        return self._retry.call(mapped)
+        return call_aws(self._retry, action, fn)
