@@ -101,6 +101,20 @@ def cannot_wait(s: BatchState) -> np.ndarray:
     return s.slack_hours - s.tick_hours < 2 * s.restart_hours - EPS
 
 
+def by_instance(
+    s: BatchState, od_action: np.ndarray, idle_action: np.ndarray, zone: np.ndarray
+) -> BatchDecision:
+    """Keep spot, take ``od_action`` on on-demand, ``idle_action`` with no instance; stop
+    when the work is done."""
+    action = np.select(
+        [s.instance == Instance.SPOT, s.instance == Instance.ON_DEMAND],
+        [Action.CONTINUE, od_action],
+        idle_action,
+    )
+    action = np.where(s.work_left_hours <= EPS, Action.STOP, action)
+    return action.astype(np.int8), np.where(action == Action.SPOT, zone, -1)
+
+
 def on_demand_batch(s: BatchState) -> BatchDecision:
     action = np.where(s.instance == Instance.ON_DEMAND, Action.CONTINUE, Action.ON_DEMAND)
     action = np.where(s.work_left_hours <= EPS, Action.STOP, action)
@@ -134,13 +148,7 @@ def uniform_progress_batch(s: BatchState) -> BatchDecision:
         Action.SPOT,
         np.where(behind, Action.ON_DEMAND, Action.CONTINUE),
     )
-    action = np.select(
-        [s.instance == Instance.SPOT, s.instance == Instance.ON_DEMAND],
-        [Action.CONTINUE, od_action],
-        idle_action,
-    )
-    action = np.where(s.work_left_hours <= EPS, Action.STOP, action)
-    return action.astype(np.int8), np.where(action == Action.SPOT, zone, -1)
+    return by_instance(s, od_action, idle_action, zone)
 
 
 def broker_batch(s: BatchState) -> BatchDecision:
@@ -168,13 +176,7 @@ def broker_batch(s: BatchState) -> BatchDecision:
         Action.SPOT,
         np.where(behind, Action.ON_DEMAND, Action.CONTINUE),
     )
-    action = np.select(
-        [s.instance == Instance.SPOT, s.instance == Instance.ON_DEMAND],
-        [Action.CONTINUE, od_action],
-        idle_action,
-    )
-    action = np.where(s.work_left_hours <= EPS, Action.STOP, action)
-    return action.astype(np.int8), np.where(action == Action.SPOT, zone, -1)
+    return by_instance(s, od_action, idle_action, zone)
 
 
 BATCH_POLICIES: dict[str, BatchPolicy] = {
