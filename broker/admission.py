@@ -63,7 +63,7 @@ def submit(
     Idempotency-Key and body). Raises BudgetExceeded, Conflict or InvalidInput.
     """
     check_deadline(spec, now)
-    best = quote_job(spec, now).plans[0]
+    best = quote_job(spec, now, session).plans[0]
     digest = request_hash(spec)
     if idempotency_key and (job := _existing(session, team_id, idempotency_key, digest)):
         return job, False

@@ -19,10 +19,10 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from broker.db import begin_write, is_postgres
-from broker.errors import Conflict, NotFound
+from broker.errors import BudgetExceeded, Conflict, NotFound
 from broker.ids import new_id
 from broker.jobs import JobStatus, check_transition, is_terminal
-from broker.ledger import book_spend, job_spent, release
+from broker.ledger import book_spend, job_reserved, job_spent, lock_team, release, reserve
 from broker.models import Attempt, Checkpoint, Job
 from broker.money import cost_micros
 from broker.teams import hash_token
@@ -160,17 +160,29 @@ def begin_attempt(
     price_micros: int,
     now: datetime,
     token_for: Callable[[str], str] | None = None,
+    reserve_up_to: int | None = None,
 ) -> tuple[Attempt, str] | None:
     """Record a new attempt on ``plan`` (job -> provisioning) before anything is launched.
 
     ``token_for(attempt_id)`` makes the attempt's agent token (default: random); only its
-    hash is stored. Returns the attempt and the token, or None when the job has finished or
-    already has a live attempt.
+    hash is stored. ``reserve_up_to``: the plan's worst case; when the job holds less, the
+    difference is reserved from its team's budget (BudgetExceeded if the team lacks it), so
+    a re-planned attempt is as covered as the first. Returns the attempt and the token, or
+    None when the job has finished or already has a live attempt.
     """
     job = lock_job(session, job_id)
     if is_terminal(job.status) or live_attempts(session, job.id):
         session.rollback()
         return None
+    if reserve_up_to is not None:
+        held = job_reserved(session, job.id)
+        wanted = min(reserve_up_to, job.max_cost_micros - job_spent(session, job.id))
+        if wanted > held:
+            try:
+                reserve(session, lock_team(session, job.team_id), job, wanted - held, now)
+            except BudgetExceeded:
+                session.rollback()
+                raise
     _move(job, JobStatus.PROVISIONING, now)
     job.plan = plan
     job.work_done = job.checkpointed_work

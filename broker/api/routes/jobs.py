@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, BackgroundTasks, Header, Query, Response, status
 
-from broker import admission, ledger, lifecycle, queries
+from broker import admission, dispatch, ledger, lifecycle, queries
 from broker.api.deps import NowDep, SessionDep, TeamDep
 from broker.api.present import job_out, job_summary
 from broker.api.schemas import JobOut, JobPage
@@ -27,10 +27,13 @@ def submit_job(
     session: SessionDep,
     now: NowDep,
     team_id: TeamDep,
+    background: BackgroundTasks,
     idempotency_key: IdempotencyKey = None,
 ) -> JobOut:
     job, created = admission.submit(session, team_id, spec, now, idempotency_key)
-    if not created:
+    if created:
+        background.add_task(dispatch.enqueue_launch, job.id)
+    else:
         response.status_code = status.HTTP_200_OK
         return job_out(queries.job_view(session, team_id, job.id))
     return job_out(queries.new_job_view(job, reserved=ledger.job_reserved(session, job.id)))
@@ -56,6 +59,8 @@ def get_job(job_id: str, session: SessionDep, team_id: TeamDep) -> JobOut:
 
 
 @router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut)
-def cancel_job(job_id: str, session: SessionDep, now: NowDep, team_id: TeamDep) -> JobOut:
-    lifecycle.cancel(session, team_id, job_id, now)
+def cancel_job(
+    job_id: str, session: SessionDep, now: NowDep, team_id: TeamDep, background: BackgroundTasks
+) -> JobOut:
+    background.add_task(dispatch.enqueue_terminate, lifecycle.cancel(session, team_id, job_id, now))
     return job_out(queries.job_view(session, team_id, job_id))

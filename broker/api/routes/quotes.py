@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from broker.api.deps import NowDep, TeamDep
+from broker.api.deps import NowDep, SessionDep, TeamDep
 from broker.api.schemas import PlanOut
 from broker.planning import plan_fields, quote_job
 from broker.spec import JobSpec
@@ -19,8 +19,8 @@ class QuoteOut(BaseModel):
 
 
 @router.post("/quotes", response_model=QuoteOut)
-def post_quote(spec: JobSpec, now: NowDep, _team_id: TeamDep) -> QuoteOut:
-    plans = quote_job(spec, now)
+def post_quote(spec: JobSpec, session: SessionDep, now: NowDep, _team_id: TeamDep) -> QuoteOut:
+    plans = quote_job(spec, now, session)
     cheapest = plans.cheapest_on_demand
     return QuoteOut(
         plans=[PlanOut.model_validate(plan_fields(p)) for p in plans.plans],

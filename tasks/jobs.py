@@ -1,0 +1,58 @@
+"""The broker's Celery tasks: each validates its arguments and calls one runner function."""
+
+from __future__ import annotations
+
+import logging
+
+from broker import clock
+from broker.lifecycle import ToTerminate
+from broker.wiring import get_runner
+from providers.base import TransientError
+from tasks.celery_app import app
+
+log = logging.getLogger(__name__)
+
+
+@app.task(autoretry_for=(TransientError,), retry_backoff=True, max_retries=5)
+def launch(job_id: str, market: str | None = None) -> str | None:
+    """Launch a job's next plan (or complete an interrupted launch)."""
+    return get_runner().launch(str(job_id), market)
+
+
+@app.task(autoretry_for=(TransientError,), retry_backoff=True, max_retries=5)
+def terminate(instances: list[dict[str, str]]) -> int:
+    """Terminate the instances of attempts that ended (e.g. on cancel)."""
+    items = [ToTerminate(**item) for item in instances]
+    get_runner().terminate(items)
+    return len(items)
+
+
+@app.task
+def observe(attempt_id: str) -> None:
+    """Poll one attempt: spend, preemption, completion, policy."""
+    get_runner().observe(str(attempt_id))
+
+
+@app.task
+def tick() -> dict[str, int]:
+    """Beat: fan out an observe per live attempt and a launch per waiting job."""
+    due = get_runner().due()
+    for attempt_id in due.observe:
+        observe.delay(attempt_id)
+    for job_id in due.launch:
+        launch.delay(job_id)
+    return {"observe": len(due.observe), "launch": len(due.launch)}
+
+
+@app.task
+def reconcile() -> dict[str, int]:
+    """Beat: terminate orphans, mark attempts whose instance is gone."""
+    report = get_runner().reconcile()
+    return {"orphans": len(report.orphans_terminated), "gone": len(report.attempts_marked_gone)}
+
+
+@app.task
+def refresh_prices() -> dict[str, object]:
+    """Beat: refresh spot prices from the clouds; a failure keeps the last good catalog."""
+    runner = get_runner()
+    return runner.planning.refresh(runner.engine, clock.now())
