@@ -20,10 +20,14 @@ def _client() -> Celery:
     return Celery("broker-client", broker=settings.resolved_celery_broker_url)
 
 
+def _queue() -> str:
+    return get_settings().celery_queue
+
+
 def enqueue_launch(job_id: str) -> None:
     """Ask a worker to launch a job now; the next tick would otherwise pick it up."""
     try:
-        _client().send_task("tasks.jobs.launch", args=[job_id])
+        _client().send_task("tasks.jobs.launch", args=[job_id], queue=_queue())
     except Exception as error:  # the queue being down must not fail an admitted job
         log.warning("could not enqueue launch, tick will: %s", error, extra={"job_id": job_id})
 
@@ -33,6 +37,8 @@ def enqueue_terminate(instances: list[ToTerminate]) -> None:
     if not instances:
         return
     try:
-        _client().send_task("tasks.jobs.terminate", args=[[asdict(i) for i in instances]])
+        _client().send_task(
+            "tasks.jobs.terminate", args=[[asdict(i) for i in instances]], queue=_queue()
+        )
     except Exception as error:
         log.warning("could not enqueue terminate, reconcile will: %s", error)

@@ -23,7 +23,8 @@ from broker.faults import fault_point
 from broker.jobs import JobStatus, is_terminal
 from broker.lifecycle import LAUNCHING, RUNNING, ToTerminate
 from broker.models import Attempt, Job
-from broker.planning import Planning
+from broker.money import to_micros
+from broker.planning import Choice, Planning
 from providers.base import (
     TAG_ATTEMPT,
     TAG_JOB,
@@ -128,7 +129,12 @@ class Runner:
                     )
                 )
                 return None
-            for choice in replan.choices[:3]:
+            tried: set[tuple[str, str, str]] = set()
+            for choice in self._first_plan(session, job) + replan.choices[:3]:
+                offer = (choice.plan["zone"], choice.plan["instance_type"], choice.plan["market"])
+                if offer in tried:
+                    continue
+                tried.add(offer)
                 try:
                     begun = lifecycle.begin_attempt(
                         session,
@@ -154,6 +160,16 @@ class Runner:
                 if is_terminal(job.status):
                     return None
             return None
+
+    def _first_plan(self, session: Session, job: Job) -> list[Choice]:
+        """The plan admission chose and showed, for a job's first launch."""
+        if (
+            job.plan is None
+            or session.exec(select(Attempt.id).where(Attempt.job_id == job.id)).first()
+        ):
+            return []
+        plan = job.plan
+        return [Choice(plan, to_micros(plan["price_per_hour"]), to_micros(plan["worst_case_cost"]))]
 
     @property
     def tick_hours(self) -> float:

@@ -29,6 +29,9 @@ class Settings(BaseSettings):
         default=None, description="Default: kombu's SQLAlchemy transport on a SQLite file."
     )
     celery_result_backend: str | None = None
+    celery_queue: str = Field(
+        default="broker", max_length=100, description="Queue the broker's tasks go through."
+    )
     tick_seconds: float = Field(default=5.0, gt=0, description="Beat interval of tick (wall s).")
     reconcile_seconds: float = Field(default=30.0, gt=0)
     refresh_prices_seconds: float = Field(default=3600.0, gt=0)

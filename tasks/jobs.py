@@ -36,11 +36,15 @@ def observe(attempt_id: str) -> None:
 @app.task
 def tick() -> dict[str, int]:
     """Beat: fan out an observe per live attempt and a launch per waiting job."""
-    due = get_runner().due()
+    runner = get_runner()
+    due = runner.due()
+    # A tick's fan-out is stale a few ticks later: drop what no worker took by then, so a
+    # slow worker does not work through a backlog of duplicates.
+    expires = 3 * runner.tick_seconds + 5.0
     for attempt_id in due.observe:
-        observe.delay(attempt_id)
+        observe.apply_async((attempt_id,), expires=expires)
     for job_id in due.launch:
-        launch.delay(job_id)
+        launch.apply_async((job_id,), expires=expires)
     return {"observe": len(due.observe), "launch": len(due.launch)}
 
 

@@ -43,6 +43,7 @@ class _Run:
     last_checkpoint: datetime
     last_report: datetime
     work: float
+    finished: bool = False  # the final checkpoint has been reported
 
 
 def true_speed_factor(model: str, gpu: str, spread: float) -> float:
@@ -79,6 +80,8 @@ class SimulatedTraining:
         self._rng = np.random.default_rng(seed)
         self._http = http
         self._runs: dict[str, _Run] = {}
+        # Per job id: real speed / predicted beyond the usual spread (a slower host, say).
+        self.speed_overrides: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -128,16 +131,20 @@ class SimulatedTraining:
         if now > start:
             hours = (now - start).total_seconds() / 3600
             jitter = max(0.0, 1.0 + self._rng.normal(0.0, self._noise))
+            jitter *= self.speed_overrides.get(str(resume.get("job_id")), 1.0)
             run.work = min(run.work + run.speed * hours * jitter, float(resume["total_work"]))
         run.last_seen = now
         interval = float(resume["checkpoint_interval_seconds"])
         done = run.work >= float(resume["total_work"])
+        if done and run.finished:
+            return  # the final checkpoint is reported; the broker will stop the instance
         try:
             if done or (now - run.last_checkpoint).total_seconds() >= interval:
-                key = f"{resume['checkpoint_prefix']}/step-{int(run.work)}"
+                key = f"{resume['checkpoint_prefix']}/{attempt_id}/work-{run.work:.6g}"
                 self._put(key, json.dumps({"work_done": run.work}).encode())
                 ack = run.agent.checkpoint_saved(key, run.work)
                 run.last_checkpoint = run.last_report = now
+                run.finished = done
             elif (now - run.last_report).total_seconds() >= self._report_every:
                 ack = run.agent.report(run.work)
                 run.last_report = now
