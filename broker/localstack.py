@@ -38,7 +38,7 @@ def free_port() -> int:
 
 
 class EmbeddedStack:
-    """Start with ``with EmbeddedStack(...) as stack:``; ``stack.api_url``, ``stack.admin_token``."""
+    """``with EmbeddedStack(folder) as stack:`` -> ``stack.api_url``, ``stack.admin_token``."""
 
     def __init__(
         self,

@@ -129,7 +129,8 @@ class Api:
             assert self.stack.worker_alive(), "the Celery worker died; see worker.log"
             if time.monotonic() > deadline:
                 raise AssertionError(
-                    f"timed out; job is {job['status']} ({job['status_reason']}), progress {job['progress']}"
+                    f"timed out; job is {job['status']} ({job['status_reason']}), "
+                    f"progress {job['progress']}"
                 )
             time.sleep(0.3)
             job = self.job(job_id)
