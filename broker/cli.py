@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from rich.console import Console
 
@@ -37,6 +39,19 @@ def serve(
     from broker.api import create_app
 
     uvicorn.run(create_app(), host=host, port=port, log_level="info")
+
+
+@app.command()
+def demo(
+    scale: float = typer.Option(900.0, help="Simulated seconds per wall second."),
+    data_dir: Path | None = typer.Option(None, help="Folder for the demo's database and logs."),
+) -> None:
+    """Run the whole broker locally on about twenty jobs and print what happened."""
+    from broker.demo import run_demo
+
+    wide = console if console.is_terminal else Console(width=160)
+    if not run_demo(wide, scale=scale, data_dir=data_dir):
+        raise typer.Exit(1)
 
 
 @db_app.command("upgrade")

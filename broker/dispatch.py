@@ -17,7 +17,9 @@ log = logging.getLogger(__name__)
 @lru_cache
 def _client() -> Celery:
     settings = get_settings()
-    return Celery("broker-client", broker=settings.resolved_celery_broker_url)
+    client = Celery("broker-client", broker=settings.resolved_celery_broker_url)
+    client.conf.broker_transport_options = settings.celery_transport_options()
+    return client
 
 
 def _queue() -> str:

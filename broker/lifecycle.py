@@ -283,7 +283,12 @@ def preempted(session: Session, attempt_id: str, now: datetime) -> None:
         session.rollback()
         return
     _end_attempt(session, job, attempt, "preempted", now)
-    if not is_terminal(job.status):
+    if is_terminal(job.status):
+        pass
+    elif job.checkpointed_work >= job.total_work:
+        # The final checkpoint was saved before the cloud took the instance: done.
+        _finish(session, job, JobStatus.SUCCEEDED, now, "work reached (checkpointed)")
+    else:
         _move(job, JobStatus.PREEMPTED, now, f"preempted in {attempt.zone}")
         job.work_done = job.checkpointed_work
         session.add(job)

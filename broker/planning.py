@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from broker import policy
+from broker.db import begin_write, is_postgres
 from broker.errors import Infeasible, InvalidInput
 from broker.ledger import job_reserved, job_spent, team_budget
 from broker.models import Attempt, Job, PriceSnapshot, Team, ThroughputCorrection
@@ -321,17 +322,21 @@ class Planning:
         the uncorrected prediction for its GPU; attempts too short to say are skipped.
         Returns the new factor, or None when nothing was learnt.
         """
+        begin_write(session)  # reads then a write: on SQLite take the write lock first
         attempt = session.get(Attempt, attempt_id)
         job = session.get(Job, attempt.job_id) if attempt else None
         if attempt is None or job is None or attempt.started_at is None or attempt.ended_at is None:
+            session.rollback()
             return None
         model_name = job.spec.get("workload", {}).get("model")
         if not model_name:
+            session.rollback()
             return None
         hours = (attempt.ended_at - attempt.started_at).total_seconds() / 3600
         hours -= self.restart_hours(job)
         work = attempt.work_done - attempt.work_at_start
         if hours < MIN_CALIBRATION_HOURS or work <= 0:
+            session.rollback()
             return None
         spec = JobSpec.model_validate(job.spec)
         workload = Workload.from_mapping(spec.workload.model_dump(exclude_none=True))
@@ -340,13 +345,19 @@ class Planning:
                 workload, np.array([attempt.gpu]), np.array([attempt.gpu_count])
             )[0]
         )
-        row = session.get(ThroughputCorrection, (model_name, attempt.gpu))
+        statement = select(ThroughputCorrection).where(
+            ThroughputCorrection.model == model_name, ThroughputCorrection.gpu == attempt.gpu
+        )
+        if is_postgres(session):
+            statement = statement.with_for_update()
+        row = session.exec(statement).first()
         if row is None:
             row = ThroughputCorrection(
                 model=model_name, gpu=attempt.gpu, factor=1.0, observations=0
             )
         row.factor = update_correction(row.factor, predicted, work / hours, row.observations)
         row.observations += 1
+        row.updated_at = attempt.ended_at
         session.add(row)
         session.commit()
         log.info(

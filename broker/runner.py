@@ -106,6 +106,13 @@ class Runner:
                     return self._launch_attempt(session, job, attempt)
                 return None
             now = clock.now()
+            if job.checkpointed_work >= job.total_work:
+                self._terminate(
+                    lifecycle.stop(
+                        session, job_id, JobStatus.SUCCEEDED, "work reached (checkpointed)", now
+                    )
+                )
+                return None
             if now >= job.deadline:
                 self._terminate(
                     lifecycle.stop(

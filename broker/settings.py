@@ -26,7 +26,7 @@ class Settings(BaseSettings):
 
     # Celery
     celery_broker_url: str | None = Field(
-        default=None, description="Default: kombu's SQLAlchemy transport on a SQLite file."
+        default=None, description="Default: kombu's file-system transport in data_dir."
     )
     celery_result_backend: str | None = None
     celery_queue: str = Field(
@@ -83,10 +83,23 @@ class Settings(BaseSettings):
 
     @property
     def resolved_celery_broker_url(self) -> str:
-        """The Celery broker URL, defaulting to kombu's SQLAlchemy transport on SQLite."""
-        if self.celery_broker_url:
-            return self.celery_broker_url
-        return f"sqla+sqlite:///{(self.data_dir / 'celery.db').resolve()}"
+        """The Celery broker URL, defaulting to kombu's file-system transport in ``data_dir``."""
+        return self.celery_broker_url or "filesystem://"
+
+    def celery_transport_options(self) -> dict[str, object]:
+        """Transport options for the broker URL (the file-system transport's folders)."""
+        if not self.resolved_celery_broker_url.startswith("filesystem://"):
+            return {}
+        queue = (self.data_dir / "celery" / "queue").resolve()
+        control = (self.data_dir / "celery" / "control").resolve()
+        for folder in (queue, control):
+            folder.mkdir(parents=True, exist_ok=True)
+        return {
+            "data_folder_in": str(queue),
+            "data_folder_out": str(queue),
+            "control_folder": str(control),
+            "polling_interval": 0.1,
+        }
 
 
 @lru_cache

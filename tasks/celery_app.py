@@ -11,15 +11,9 @@ def make_celery() -> Celery:
     """A Celery app configured from the broker's settings."""
     settings = get_settings()
     celery = Celery("broker", include=["tasks.jobs"])
-    url = settings.resolved_celery_broker_url
-    if url.startswith("sqla+"):
-        # The embedded SQL transport polls its table (every 1 s by default); short ticks need
-        # faster. Its transport options go to create_engine, so set the class attribute.
-        from kombu.transport import sqlalchemy as sqla_transport
-
-        sqla_transport.Transport.polling_interval = 0.2
     celery.conf.update(
-        broker_url=url,
+        broker_url=settings.resolved_celery_broker_url,
+        broker_transport_options=settings.celery_transport_options(),
         result_backend=settings.celery_result_backend,
         task_ignore_result=settings.celery_result_backend is None,
         task_default_queue=settings.celery_queue,

@@ -14,10 +14,19 @@ MACHINE_TYPES: dict[str, tuple[int, int, str, int]] = {
     "a2-highgpu-8g": (96, 696320, "A100", 8),
     "a2-ultragpu-1g": (12, 174080, "A100-80GB", 1),
     "a2-ultragpu-8g": (96, 1392640, "A100-80GB", 8),
+    "a2-ultragpu-2g": (24, 348160, "A100-80GB", 2),
+    "a2-ultragpu-4g": (48, 696320, "A100-80GB", 4),
+    "a3-highgpu-1g": (26, 239616, "H100", 1),
+    "a3-highgpu-2g": (52, 479232, "H100", 2),
+    "a3-highgpu-4g": (104, 958464, "H100", 4),
     "a3-highgpu-8g": (208, 1916928, "H100", 8),
+    "a3-megagpu-8g": (208, 1916928, "H100", 8),
+    "a3-ultragpu-8g": (224, 3022848, "H200", 8),
     "g2-standard-4": (4, 16384, "L4", 1),
     "g2-standard-8": (8, 32768, "L4", 1),
     "g2-standard-12": (12, 49152, "L4", 1),
+    "g2-standard-16": (16, 65536, "L4", 1),
+    "g2-standard-32": (32, 131072, "L4", 1),
     "g2-standard-24": (24, 98304, "L4", 2),
     "g2-standard-48": (48, 196608, "L4", 4),
     "g2-standard-96": (96, 393216, "L4", 8),
@@ -33,6 +42,7 @@ ACCELERATOR_TYPES: dict[str, tuple[str, int, bool]] = {
     "nvidia-a100-80gb": ("A100-80GB", 8, False),
     "nvidia-h100-80gb": ("H100", 8, False),
     "nvidia-l4": ("L4", 8, False),
+    "nvidia-h200-141gb": ("H200", 8, False),
 }
 
 

@@ -2,7 +2,7 @@
 
 One stack per module: API (uvicorn) and Celery worker (with beat) as subprocesses, moto and
 the GCE fake with market replay and simulated training agents in this process, a 1200x
-scaled clock. Without BROKER_TEST_DATABASE_URL: SQLite + kombu's SQLAlchemy transport (no
+scaled clock. Without BROKER_TEST_DATABASE_URL: SQLite + kombu's file-system transport (no
 server). With it: PostgreSQL + RabbitMQ and PostgreSQL + Redis (skipped when absent).
 """
 

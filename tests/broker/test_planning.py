@@ -1,0 +1,159 @@
+"""Planning for running jobs on a real database: re-plans, steering, calibration, top-ups."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlmodel import Session
+
+from broker import admission, lifecycle
+from broker.errors import BudgetExceeded
+from broker.jobs import JobStatus
+from broker.ledger import job_reserved
+from broker.models import Job, ThroughputCorrection
+from broker.planning import get_planning, quote_job
+from broker.spec import JobSpec
+from broker.teams import create_team
+from tests.helpers import job_spec
+
+PLAN = {
+    "provider": "aws",
+    "region": "us-east-1",
+    "zone": "use1-az1",
+    "instance_type": "p3.2xlarge",
+    "gpu": "V100",
+    "gpu_count": 1,
+    "market": "spot",
+}
+PRICE = 918_000
+
+
+@pytest.fixture
+def session(db_engine):
+    with Session(db_engine, expire_on_commit=False) as s:
+        yield s
+
+
+def _submit(session, clock, budget: int = 1_000_000_000, **overrides):  # type: ignore[no-untyped-def]
+    team = create_team(session, f"t{budget}", budget, "month", 0.8, clock.now())
+    spec = JobSpec.model_validate(job_spec(**overrides))
+    job, _ = admission.submit(session, team.id, spec, clock.now())
+    return job
+
+
+def _running(session, job, clock, price=PRICE):  # type: ignore[no-untyped-def]
+    attempt, token = lifecycle.begin_attempt(session, job.id, PLAN, price, clock.now())
+    lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now())
+    return attempt, token
+
+
+def test_replan_covers_only_the_work_left_after_the_latest_checkpoint(session, clock):
+    job = _submit(session, clock)
+    planning = get_planning()
+    full = planning.plans_for_job(session, job, clock.now())
+    attempt, token = _running(session, job, clock)
+    clock.advance(3600)
+    lifecycle.record_progress(session, attempt.id, token, job.total_work * 0.75, "k", clock.now())
+    lifecycle.preempted(session, attempt.id, clock.now())
+    job = session.get(Job, job.id)
+    rest = planning.plans_for_job(session, job, clock.now())
+    assert full.choices and rest.choices
+    best_full, best_rest = full.choices[0].plan, rest.choices[0].plan
+    assert best_rest["expected_hours"] < best_full["expected_hours"]
+
+
+def test_replan_leaves_out_excluded_zones(session, clock):
+    job = _submit(session, clock)
+    planning = get_planning()
+    best = planning.plans_for_job(session, job, clock.now()).choices[0].plan
+    other = planning.plans_for_job(session, job, clock.now(), exclude_zones={best["zone"]})
+    assert other.choices
+    assert all(c.plan["zone"] != best["zone"] for c in other.choices)
+
+
+def test_replan_with_no_budget_left_says_budget_exhausted(session, clock):
+    job = _submit(session, clock, max_cost="250.00")
+    attempt, _ = _running(session, job, clock, price=100_000_000)  # $100/h
+    # Run until the spend has eaten all but a cent of max_cost.
+    clock.advance(3600 * 249.99 / 100)
+    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=0)
+    assert session.get(Job, job.id).status == "running"
+    lifecycle.preempted(session, attempt.id, clock.now())
+    replan = get_planning().plans_for_job(session, session.get(Job, job.id), clock.now())
+    assert replan.stop == "budget_exhausted" and not replan.choices
+
+
+def test_replan_that_cannot_make_the_deadline_says_deadline_missed(session, clock):
+    job = _submit(session, clock)
+    clock.set(job.deadline - timedelta(minutes=5))
+    replan = get_planning().plans_for_job(session, job, clock.now())
+    assert replan.stop == "deadline_missed"
+    assert "earliest possible finish" in (replan.reason or "")
+
+
+def test_spot_attempt_moves_to_on_demand_when_slack_no_longer_covers_a_restart(session, clock):
+    job = _submit(session, clock)
+    planning = get_planning()
+    attempt, token = _running(session, job, clock)
+    clock.advance(1800)
+    lifecycle.record_progress(session, attempt.id, token, 100, "k", clock.now())
+    job = session.get(Job, job.id)
+    assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
+    # Near the deadline with most of the work left: spot can no longer be risked.
+    clock.set(job.deadline - timedelta(hours=1))
+    assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "on_demand"
+
+
+def test_calibration_folds_observed_speed_into_later_quotes(session, clock):
+    job = _submit(session, clock)
+    planning = get_planning()
+    spec = JobSpec.model_validate(job.spec)
+    before = quote_job(spec, clock.now(), session).plans
+    attempt, token = _running(session, job, clock)
+    rate = planning._rate(session, job, "V100", 1)  # predicted work per hour
+    hours = 2.0
+    clock.advance(hours * 3600)
+    # The GPU ran at half the predicted speed once past the restart overhead.
+    lifecycle.record_progress(session, attempt.id, token, rate * 0.5 * hours, None, clock.now())
+    lifecycle.stop(session, job.id, JobStatus.CANCELLED, "test", clock.now())
+    factor = planning.calibrate(session, attempt.id)
+    assert factor is not None and factor < 0.8
+    row = session.get(ThroughputCorrection, (job.spec["workload"]["model"], "V100"))
+    assert row is not None and row.observations == 1
+    after = quote_job(spec, clock.now(), session)
+    v100_before = min(p.expected_hours for p in before if p.gpu == "V100")
+    v100_after = min(p.expected_hours for p in after.plans if p.gpu == "V100")
+    assert v100_after > v100_before * 1.2
+
+
+def test_checkpoint_holding_all_work_before_preemption_succeeds(session, clock):
+    job = _submit(session, clock)
+    attempt, token = _running(session, job, clock)
+    clock.advance(600)
+    lifecycle.record_progress(session, attempt.id, token, job.total_work, "final", clock.now())
+    lifecycle.preempted(session, attempt.id, clock.now())
+    assert session.get(Job, job.id).status == "succeeded"
+    assert job_reserved(session, job.id) == 0
+
+
+def test_relaunch_tops_up_the_reservation_to_the_new_plans_worst_case(session, clock):
+    job = _submit(session, clock)
+    held = job_reserved(session, job.id)
+    lifecycle.begin_attempt(
+        session, job.id, PLAN, PRICE, clock.now(), reserve_up_to=held + 1_000_000
+    )
+    assert job_reserved(session, job.id) == held + 1_000_000
+
+
+def test_top_up_beyond_the_team_budget_is_refused(session, clock):
+    spec = job_spec(max_cost="250.00")
+    team_budget = (
+        quote_job(JobSpec.model_validate(spec), clock.now()).plans[0].worst_case_cost_micros
+    )
+    job = _submit(session, clock, budget=team_budget, max_cost="250.00")
+    with pytest.raises(BudgetExceeded):
+        lifecycle.begin_attempt(
+            session, job.id, PLAN, PRICE, clock.now(), reserve_up_to=team_budget * 2
+        )
+    assert session.get(Job, job.id).status == "queued"
