@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import typer
@@ -22,23 +23,43 @@ console = Console()
 
 @app.command()
 def serve(
-    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
-    port: int = typer.Option(8000, help="Port to listen on."),
+    port: int = typer.Option(8000, help="Port of the API on 127.0.0.1."),
+    scale: float = typer.Option(60.0, help="Simulated seconds per wall second (1: real time)."),
 ) -> None:
-    """Run the API on the embedded default (SQLite in ./.broker unless BROKER_DATABASE_URL)."""
-    import uvicorn
+    """The whole broker on this machine, on local clouds, for trying it by hand.
 
-    from broker.embedded import prepare
+    API, Celery worker and beat, moto and the GCE fake with replayed spot markets, and
+    simulated training, all on the embedded default (SQLite and files in ./.broker).
+    """
+    import signal
+    import threading
 
-    token, generated = prepare()
-    if generated:
-        console.print(
-            f"[bold]Admin token[/bold] (shown once, kept in .broker/admin_token): {token}"
-        )
-    console.print(f"API on http://{host}:{port}  (docs: http://{host}:{port}/docs)")
-    from broker.api import create_app
+    from broker.embedded import ensure_admin_token, scaled_epoch
+    from broker.localstack import EmbeddedStack
+    from broker.settings import get_settings
 
-    uvicorn.run(create_app(), host=host, port=port, log_level="info")
+    settings = get_settings()
+    token, generated = ensure_admin_token(settings)
+    stack = EmbeddedStack(
+        settings.data_dir,
+        scale=scale,
+        database_url=settings.database_url,
+        celery_broker_url=settings.celery_broker_url,
+        admin_token=token,
+        api_port=port,
+        epoch=scaled_epoch(settings, scale),
+        tick_seconds=max(min(settings.tick_seconds, 3600 / scale), 1.0),
+    )
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    with stack:
+        if generated:
+            console.print(f"[bold]Admin token[/bold] (kept in .broker/admin_token): {token}")
+        console.print(f"API on {stack.api_url}  (docs: {stack.api_url}/docs); clock x{scale:g}")
+        console.print(f"logs: {stack.data_dir}/api.log, {stack.data_dir}/worker.log; Ctrl-C stops")
+        with contextlib.suppress(KeyboardInterrupt):
+            stopped.wait()
+        console.print("stopping")
 
 
 @app.command()

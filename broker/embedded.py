@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import UTC, datetime
 from pathlib import Path
 
 from broker.db import create_schema, get_engine
@@ -26,6 +27,21 @@ def ensure_admin_token(settings: Settings) -> tuple[str, bool]:
     with os.fdopen(fd, "w") as handle:
         handle.write(token)
     return token, True
+
+
+def scaled_epoch(settings: Settings, scale: float) -> datetime | None:
+    """The epoch of a scaled clock, kept in the data folder so restarts keep time moving on."""
+    if scale == 1.0:
+        return None
+    if settings.clock_epoch is not None:
+        return settings.clock_epoch
+    path = Path(settings.data_dir) / "clock_epoch"
+    if path.exists():
+        return datetime.fromisoformat(path.read_text().strip())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    epoch = datetime.now(UTC)
+    path.write_text(epoch.isoformat())
+    return epoch
 
 
 def prepare() -> tuple[str, bool]:

@@ -30,6 +30,15 @@ from broker.settings import get_settings
 log = logging.getLogger(__name__)
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the parent dies, so no worker outlives its stack."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on right now."""
     with socket.socket() as probe:
@@ -56,6 +65,9 @@ class EmbeddedStack:
         report_every_seconds: float = 300.0,
         extra_env: Mapping[str, str] | None = None,
         log_level: str = "warning",
+        admin_token: str | None = None,
+        api_port: int | None = None,
+        epoch: datetime | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.scale = scale
@@ -70,8 +82,9 @@ class EmbeddedStack:
         self.report_every_seconds = report_every_seconds
         self.extra_env = dict(extra_env or {})
         self.log_level = log_level
-        self.admin_token = "adm_" + secrets.token_urlsafe(24)
-        self.api_port = free_port()
+        self.admin_token = admin_token or "adm_" + secrets.token_urlsafe(24)
+        self.api_port = api_port or free_port()
+        self.epoch = epoch
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         self.cloud: Any = None
         self.training: Any = None
@@ -86,7 +99,7 @@ class EmbeddedStack:
         from providers.local.stack import LocalCloud
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        epoch = datetime.now(UTC)
+        epoch = self.epoch or datetime.now(UTC)
         scaled = ScaledClock(self.scale, epoch)
         clock.set_clock(scaled)
         self.cloud = LocalCloud(
@@ -186,6 +199,7 @@ class EmbeddedStack:
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 cwd=str(Path(__file__).resolve().parent.parent),
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads touch it before exec)
             )
 
     def _spawn_api(self) -> None:

@@ -25,6 +25,7 @@ from broker.lifecycle import LAUNCHING, RUNNING, ToTerminate
 from broker.models import Attempt, Job
 from broker.money import to_micros
 from broker.planning import Choice, Planning
+from broker.reconcile import ReconcileReport, reconcile
 from providers.base import (
     TAG_ATTEMPT,
     TAG_JOB,
@@ -57,12 +58,6 @@ class TickReport:
 
     observe: list[str] = field(default_factory=list)
     launch: list[str] = field(default_factory=list)
-
-
-@dataclass
-class ReconcileReport:
-    orphans_terminated: list[str] = field(default_factory=list)
-    attempts_marked_gone: list[str] = field(default_factory=list)
 
 
 class Runner:
@@ -363,38 +358,8 @@ class Runner:
                 )
 
     def reconcile(self) -> ReconcileReport:
-        """Terminate tagged instances the database does not know as live; mark vanished ones."""
-        report = ReconcileReport()
-        with self._session() as session:
-            live = {
-                a.id: a
-                for a in session.exec(
-                    select(Attempt).where(col(Attempt.status).in_((LAUNCHING, RUNNING)))
-                ).all()
-            }
-            seen: set[str] = set()
-            for name, provider in self.providers.items():
-                for region in self._regions(name):
-                    for ref in provider.list_managed(region):
-                        state = provider.describe(ref)
-                        if state.status in ("terminated", "preempted"):
-                            continue
-                        attempt_id = state.tags.get(TAG_ATTEMPT, "")
-                        if attempt_id in live:
-                            seen.add(attempt_id)
-                            continue
-                        provider.terminate(ref)
-                        report.orphans_terminated.append(ref.instance_id)
-                        log.warning(
-                            "orphan terminated",
-                            extra={"instance_id": ref.instance_id, "attempt_id": attempt_id},
-                        )
-            now = clock.now()
-            for attempt_id, attempt in live.items():
-                if attempt.status == RUNNING and attempt_id not in seen:
-                    lifecycle.preempted(session, attempt_id, now)
-                    report.attempts_marked_gone.append(attempt_id)
-        return report
+        """Terminate orphans; mark attempts whose instance is gone (see ``broker.reconcile``)."""
+        return reconcile(self.engine, self.providers, self._regions)
 
     def _regions(self, provider: str) -> list[str]:
         adapter = self.providers[provider]
