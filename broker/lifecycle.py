@@ -22,9 +22,17 @@ from broker.db import begin_write, is_postgres
 from broker.errors import BudgetExceeded, Conflict, NotFound
 from broker.ids import new_id
 from broker.jobs import JobStatus, check_transition, is_terminal
-from broker.ledger import book_spend, job_reserved, job_spent, lock_team, release, reserve
-from broker.models import Attempt, Checkpoint, Job
-from broker.money import cost_micros
+from broker.ledger import (
+    book_spend,
+    job_reserved,
+    job_spent,
+    lock_team,
+    release,
+    reserve,
+    team_budget,
+)
+from broker.models import Attempt, Checkpoint, Job, Team
+from broker.money import cost_micros, format_usd
 from broker.teams import hash_token
 
 log = logging.getLogger(__name__)
@@ -311,6 +319,23 @@ def migrate(session: Session, attempt_id: str, reason: str, now: datetime) -> li
     return [ended] if ended else []
 
 
+def _warn_on_alert(session: Session, job: Job, booked: int, now: datetime) -> None:
+    """Log a warning when this booking takes the team's spend past its alert threshold."""
+    team = session.get(Team, job.team_id)
+    if team is None:
+        return
+    figures = team_budget(session, team, now)
+    threshold = figures.alert_at * figures.limit
+    if figures.spent - booked < threshold <= figures.spent:
+        log.warning(
+            "team %s passed its budget alert: %s of %s USD spent",
+            team.name,
+            format_usd(figures.spent),
+            format_usd(figures.limit),
+            extra={"team_id": team.id, "job_id": job.id},
+        )
+
+
 def accrue(
     session: Session, attempt_id: str, now: datetime, lookahead_seconds: float
 ) -> list[ToTerminate]:
@@ -325,8 +350,10 @@ def accrue(
     if attempt.status != RUNNING or is_terminal(job.status):
         session.rollback()
         return []
-    _accrue(session, job, attempt, now)
+    booked = _accrue(session, job, attempt, now)
     session.flush()
+    if booked:
+        _warn_on_alert(session, job, booked, now)
     next_cost = cost_micros(attempt.price_micros_per_hour, lookahead_seconds)
     if job_spent(session, job.id) + next_cost > job.max_cost_micros:
         ended = _finish(

@@ -227,7 +227,7 @@ class Planning:
     ) -> str | None:
         """The market the policy wants for a job with nothing running (None: the plan's).
 
-        ``policy.broker`` with no instance: spot while it is safe; on-demand once waiting
+        ``policy.decide`` with no instance: spot while it is safe; on-demand once waiting
         any longer would put the deadline at risk.
         """
         if job.market != "auto":
@@ -235,7 +235,7 @@ class Planning:
         state = self._state(session, job, None, now, tick_hours)
         if state is None:
             return None
-        decision = policy.broker(state)
+        decision = policy.decide(state)
         return "on_demand" if decision.action == policy.Action.ON_DEMAND else None
 
     def steer(

@@ -266,3 +266,8 @@ POLICIES: dict[str, Policy] = {
     "uniform_progress": uniform_progress,
     "broker": broker,
 }
+
+
+def decide(state: PolicyState) -> Decision:
+    """The policy the live broker runs (``broker``); the simulator measures the same one."""
+    return broker(state)

@@ -151,3 +151,18 @@ def test_finished_job_cannot_be_stopped_again(session, job, clock):
         lifecycle.cancel(session, job.team_id, job.id, clock.now())
     kinds = [e.kind for e in session.exec(select(LedgerEntry)).all()]
     assert kinds == ["reserve", "release"]
+
+
+def test_spend_passing_the_alert_threshold_logs_one_warning(session, clock, caplog):
+    team = create_team(session, "alerted", 300_000_000, "month", 0.1, clock.now())  # $300, 10 %
+    spec = JobSpec.model_validate(job_spec(max_cost="250.00"))
+    job, _ = admission.submit(session, team.id, spec, clock.now())
+    attempt, _ = lifecycle.begin_attempt(session, job.id, PLAN, 10_000_000, clock.now())  # $10/h
+    lifecycle.launch_succeeded(session, attempt.id, "i-9", clock.now())
+    caplog.set_level("WARNING", logger="broker.lifecycle")
+    for _ in range(6):  # $10 per step: the $30 threshold is crossed at the third
+        clock.advance(3600)
+        lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)
+    warnings = [r for r in caplog.records if "budget alert" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "30.00 of 300.00 USD spent" in warnings[0].getMessage()
