@@ -340,6 +340,9 @@ def run_demo(
         spend: dict[str, str] = {}
         with Live(console=console, refresh_per_second=2, transient=False) as live:
             while time.monotonic() - started < wall_limit_seconds:
+                if not stack.worker_alive():
+                    console.print(f"[red]the Celery worker died[/red]: see {folder}/worker.log")
+                    break
                 rows = {r["id"]: r for team in client.keys for r in client.jobs(team)}
                 spend = {k: v for team in client.keys for k, v in client.spend_by_job(team).items()}
                 if outage is None and clock.now() >= outage_at:

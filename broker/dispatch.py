@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 def _client() -> Celery:
     settings = get_settings()
     client = Celery("broker-client", broker=settings.resolved_celery_broker_url)
+    client.conf.broker_transport = settings.celery_transport
     client.conf.broker_transport_options = settings.celery_transport_options()
     return client
 

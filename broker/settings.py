@@ -86,6 +86,13 @@ class Settings(BaseSettings):
         """The Celery broker URL, defaulting to kombu's file-system transport in ``data_dir``."""
         return self.celery_broker_url or "filesystem://"
 
+    @property
+    def celery_transport(self) -> str | None:
+        """The kombu transport class for the broker URL (None: the URL's own)."""
+        if self.resolved_celery_broker_url.startswith("filesystem://"):
+            return "broker.fs_transport:Transport"  # broker.fs_transport.TRANSPORT_PATH
+        return None
+
     def celery_transport_options(self) -> dict[str, object]:
         """Transport options for the broker URL (the file-system transport's folders)."""
         if not self.resolved_celery_broker_url.startswith("filesystem://"):

@@ -13,6 +13,7 @@ def make_celery() -> Celery:
     celery = Celery("broker", include=["tasks.jobs"])
     celery.conf.update(
         broker_url=settings.resolved_celery_broker_url,
+        broker_transport=settings.celery_transport,
         broker_transport_options=settings.celery_transport_options(),
         result_backend=settings.celery_result_backend,
         task_ignore_result=settings.celery_result_backend is None,
