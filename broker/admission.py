@@ -63,7 +63,9 @@ def submit(
     Idempotency-Key and body). Raises BudgetExceeded, Conflict or InvalidInput.
     """
     check_deadline(spec, now)
-    best = quote_job(spec, now, session).plans[0]
+    plans = quote_job(spec, now, session)
+    best = plans.plans[0]
+    on_demand = plans.cheapest_on_demand
     digest = request_hash(spec)
     if idempotency_key and (job := _existing(session, team_id, idempotency_key, digest)):
         return job, False
@@ -81,6 +83,7 @@ def submit(
         total_work=spec.total_work,
         deadline=spec.deadline,
         max_cost_micros=to_micros(spec.max_cost),
+        on_demand_cost_micros=on_demand.expected_cost_micros if on_demand else None,
         plan=plan_fields(best),
         priority=spec.priority,
         idempotency_key=idempotency_key,

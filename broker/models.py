@@ -85,6 +85,8 @@ class Job(SQLModel, table=True):
     checkpointed_work: float = 0.0
     deadline: datetime = _ts()
     max_cost_micros: int = _micros()
+    # Expected cost of the cheapest on-time on-demand plan at admission: what spot saves against.
+    on_demand_cost_micros: int | None = _micros(nullable=True, default=None)
     priority: int = 0
     idempotency_key: str | None = Field(default=None, max_length=200)
     request_hash: str | None = Field(default=None, max_length=64)

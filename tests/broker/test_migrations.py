@@ -52,14 +52,17 @@ def test_upgrade_from_first_revision_keeps_data_and_downgrade_one_step(empty_eng
     upgrade(empty_engine, "head")
     tables = set(inspect(empty_engine).get_table_names())
     assert {"throughput_correction", "price_snapshot"} <= tables
+    job_columns = {c["name"] for c in inspect(empty_engine).get_columns("job")}
+    assert "on_demand_cost_micros" in job_columns
     with empty_engine.connect() as connection:
         assert connection.execute(text("SELECT name FROM team")).scalars().all() == ["kept"]
         assert (
             connection.execute(text("SELECT amount_micros FROM ledger_entry")).scalar() == 1000000
         )
     downgrade(empty_engine, "-1")
-    tables = set(inspect(empty_engine).get_table_names())
-    assert "price_snapshot" not in tables
+    job_columns = {c["name"] for c in inspect(empty_engine).get_columns("job")}
+    assert "on_demand_cost_micros" not in job_columns
+    assert "price_snapshot" in set(inspect(empty_engine).get_table_names())
     with empty_engine.connect() as connection:
         assert connection.execute(text("SELECT count(*) FROM team")).scalar() == 1
         assert connection.execute(text("SELECT count(*) FROM ledger_entry")).scalar() == 1
