@@ -66,12 +66,16 @@ def serve(
 def demo(
     scale: float = typer.Option(900.0, help="Simulated seconds per wall second."),
     data_dir: Path | None = typer.Option(None, help="Folder for the demo's database and logs."),
+    stay: bool | None = typer.Option(
+        None, help="Keep the dashboard up after the summary (default: in a terminal)."
+    ),
 ) -> None:
     """Run the whole broker locally on about twenty jobs and print what happened."""
     from broker.demo import run_demo
 
     wide = console if console.is_terminal else Console(width=160)
-    if not run_demo(wide, scale=scale, data_dir=data_dir):
+    keep = console.is_terminal if stay is None else stay
+    if not run_demo(wide, scale=scale, data_dir=data_dir, stay=keep):
         raise typer.Exit(1)
 
 
@@ -112,6 +116,18 @@ def _register_simulate() -> None:
 
 
 _register_simulate()
+
+
+def _register_client() -> None:
+    from broker import cli_client
+
+    app.add_typer(cli_client.admin_app, name="admin")
+    app.add_typer(cli_client.jobs_app, name="jobs")
+    app.command("quote")(cli_client.quote)
+    app.command("spend")(cli_client.spend)
+
+
+_register_client()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ resumption from checkpoints on top of what the replayed real traces do.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -311,6 +313,7 @@ def run_demo(
     scale: float = 900.0,
     wall_limit_seconds: float = 165.0,
     data_dir: Path | None = None,
+    stay: bool = False,
 ) -> bool:
     """Run the demo; True when every admitted job finished and no instance is left."""
     from broker.localstack import EmbeddedStack
@@ -322,6 +325,7 @@ def run_demo(
         console.print(
             f"API {stack.api_url} (docs {stack.api_url}/docs), admin token {stack.admin_token}"
         )
+        console.print(f"Dashboard: {stack.api_url}/ui (log in with the admin token)")
         client = DemoClient(stack.api_url, stack.admin_token)
         client.team("vision", "400.00")
         client.team("nlp", "250.00")
@@ -368,6 +372,13 @@ def run_demo(
             time.sleep(0.5)
             left = stack.running_instances()
         wall = time.monotonic() - started
+        if stay:
+            console.print(
+                f"The dashboard stays up at {stack.api_url}/ui (admin token "
+                f"{stack.admin_token}); Ctrl-C stops everything."
+            )
+            with contextlib.suppress(KeyboardInterrupt):
+                threading.Event().wait()
     total_spent = sum(Decimal(j.final.get("spent", "0")) for j in admitted)
     total_od = sum(j.on_demand_cost or Decimal(0) for j in admitted)
     console.print(

@@ -22,6 +22,7 @@ from broker.errors import BudgetExceeded
 from broker.faults import fault_point
 from broker.jobs import JobStatus, is_terminal
 from broker.lifecycle import LAUNCHING, RUNNING, ToTerminate
+from broker.metrics import PROVIDER_ERRORS
 from broker.models import Attempt, Job
 from broker.money import to_micros
 from broker.planning import Choice, Planning
@@ -42,7 +43,14 @@ from providers.base import (
 
 log = logging.getLogger(__name__)
 
-WAITING = (JobStatus.QUEUED.value, JobStatus.PREEMPTED.value, JobStatus.PROVISIONING.value)
+# Jobs a tick launches when they have no live attempt (running too: a crash can leave a job
+# marked running after its attempt ended; launching again resumes it from its checkpoint).
+WAITING = (
+    JobStatus.QUEUED.value,
+    JobStatus.PREEMPTED.value,
+    JobStatus.PROVISIONING.value,
+    JobStatus.RUNNING.value,
+)
 
 
 def agent_token(secret: str, attempt_id: str) -> str:
@@ -211,16 +219,20 @@ class Runner:
         try:
             ref = provider.launch(request)
         except CapacityError as error:
+            PROVIDER_ERRORS.labels(attempt.provider, "capacity").inc()
             lifecycle.launch_failed(session, attempt.id, "capacity", clock.now())
             log.info("no capacity: %s", error, extra={"job_id": job.id, "zone": attempt.zone})
             return None
         except QuotaError as error:
+            PROVIDER_ERRORS.labels(attempt.provider, "quota").inc()
             lifecycle.launch_failed(session, attempt.id, "quota", clock.now())
             log.warning("quota: %s", error, extra={"job_id": job.id})
             return None
         except TransientError:
+            PROVIDER_ERRORS.labels(attempt.provider, "transient").inc()
             raise  # the adapter already retried; let the task retry the same attempt later
         except ProviderError as error:
+            PROVIDER_ERRORS.labels(attempt.provider, "other").inc()
             lifecycle.launch_failed(session, attempt.id, "failed", clock.now())
             log.warning("launch failed: %s", error, extra={"job_id": job.id})
             return None
@@ -289,8 +301,10 @@ class Runner:
             try:
                 state = self.providers[attempt.provider].describe(ref)
             except InstanceNotFound:
+                PROVIDER_ERRORS.labels(attempt.provider, "not_found").inc()
                 state = None
             except TransientError as error:
+                PROVIDER_ERRORS.labels(attempt.provider, "transient").inc()
                 log.info("describe failed, next tick: %s", error, extra={"attempt_id": attempt_id})
                 return
             if state is None or state.status in ("terminated", "preempted"):

@@ -63,6 +63,17 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = None
     max_body_bytes: int = Field(default=64 * 1024, gt=0)
     log_format: str = Field(default="text", pattern="^(text|json)$")
+    log_level: str = Field(
+        default="INFO",
+        pattern="(?i)^(debug|info|warning|error|critical)$",
+        description="The API's log level (a Celery worker takes its --loglevel).",
+    )
+
+    # Metrics
+    metrics_dir: Path | None = Field(
+        default=None,
+        description="prometheus_client's per-process files; default: data_dir/metrics.",
+    )
 
     # Test-only fault point: the name of a lifecycle step at which the worker exits.
     fault_point: str | None = None
@@ -80,6 +91,11 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'broker.db').resolve()}"
+
+    @property
+    def resolved_metrics_dir(self) -> Path:
+        """The folder of the processes' metric files, defaulting to ``data_dir/metrics``."""
+        return (self.metrics_dir or self.data_dir / "metrics").resolve()
 
     @property
     def resolved_celery_broker_url(self) -> str:

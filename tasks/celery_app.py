@@ -1,10 +1,42 @@
-"""The Celery application: broker URL from settings, late acks, beat schedule."""
+"""The Celery application: broker URL from settings, late acks, beat schedule; the workers'
+logging and metrics folder."""
 
 from __future__ import annotations
 
-from celery import Celery
+import os
+from typing import Any
 
-from broker.settings import get_settings
+from celery import Celery, signals
+
+from broker.logs import configure_logging
+from broker.settings import Settings, get_settings
+
+
+def use_metrics_dir(settings: Settings) -> None:
+    """Put this process's prometheus_client in multiprocess mode, writing to the metrics folder.
+
+    prometheus_client picks per-process files or memory when it is first imported, so this runs
+    when the Celery app is imported, before the tasks (and ``broker.metrics``) are; pool
+    processes inherit it. The API reads the folder on ``GET /metrics``.
+    """
+    folder = settings.resolved_metrics_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
+
+
+@signals.setup_logging.connect
+def _setup_logging(loglevel: int | None = None, logfile: str | None = None, **_: Any) -> None:
+    """The broker's logging (format, redaction) instead of Celery's, at the worker's --loglevel."""
+    stream = open(logfile, "a", encoding="utf-8", buffering=1) if logfile else None  # noqa: SIM115
+    configure_logging(get_settings(), level=loglevel, stream=stream)
+
+
+@signals.worker_process_shutdown.connect
+def _forget_process(pid: int | None = None, **_: Any) -> None:
+    """A pool process ends: drop its live-gauge files (its counters stay in the sums)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid or os.getpid(), str(get_settings().resolved_metrics_dir))
 
 
 def make_celery() -> Celery:
@@ -38,4 +70,5 @@ def make_celery() -> Celery:
     return celery
 
 
+use_metrics_dir(get_settings())
 app = make_celery()

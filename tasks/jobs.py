@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 
 from broker import clock
+from broker.faults import fault_point
 from broker.lifecycle import ToTerminate
+from broker.metrics import TICK_SECONDS
 from broker.wiring import get_runner
 from providers.base import TransientError
 from tasks.celery_app import app
@@ -16,7 +18,9 @@ log = logging.getLogger(__name__)
 @app.task(autoretry_for=(TransientError,), retry_backoff=True, max_retries=5)
 def launch(job_id: str, market: str | None = None) -> str | None:
     """Launch a job's next plan (or complete an interrupted launch)."""
-    return get_runner().launch(str(job_id), market)
+    attempt_id = get_runner().launch(str(job_id), market)
+    fault_point("before_ack")
+    return attempt_id
 
 
 @app.task(autoretry_for=(TransientError,), retry_backoff=True, max_retries=5)
@@ -30,21 +34,24 @@ def terminate(instances: list[dict[str, str]]) -> int:
 @app.task
 def observe(attempt_id: str) -> None:
     """Poll one attempt: spend, preemption, completion, policy."""
-    get_runner().observe(str(attempt_id))
+    with TICK_SECONDS.labels("observe").time():
+        get_runner().observe(str(attempt_id))
+    fault_point("before_ack")
 
 
 @app.task
 def tick() -> dict[str, int]:
     """Beat: fan out an observe per live attempt and a launch per waiting job."""
-    runner = get_runner()
-    due = runner.due()
-    # A tick's fan-out is stale a few ticks later: drop what no worker took by then, so a
-    # slow worker does not work through a backlog of duplicates.
-    expires = 3 * runner.tick_seconds + 5.0
-    for attempt_id in due.observe:
-        observe.apply_async((attempt_id,), expires=expires)
-    for job_id in due.launch:
-        launch.apply_async((job_id,), expires=expires)
+    with TICK_SECONDS.labels("tick").time():
+        runner = get_runner()
+        due = runner.due()
+        # A tick's fan-out is stale a few ticks later: drop what no worker took by then, so a
+        # slow worker does not work through a backlog of duplicates.
+        expires = 3 * runner.tick_seconds + 5.0
+        for attempt_id in due.observe:
+            observe.apply_async((attempt_id,), expires=expires)
+        for job_id in due.launch:
+            launch.apply_async((job_id,), expires=expires)
     return {"observe": len(due.observe), "launch": len(due.launch)}
 
 

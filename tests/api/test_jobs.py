@@ -184,7 +184,3 @@ def test_body_over_limit_is_413(client, make_team):
     huge = job_spec(name="x", resources={"gpus": 1, "regions": ["r" * 40] * 3000})
     response = client.post("/v1/jobs", json=huge, headers=headers)
     assert response.status_code == 413
-
-
-def test_healthz(client):
-    assert client.get("/healthz").json() == {"status": "ok"}

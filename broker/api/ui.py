@@ -1,0 +1,222 @@
+"""The dashboard at ``/ui``: server-rendered pages (Jinja2) with Chart.js charts.
+
+Logging in with a team key shows that team; the admin token shows every team. The token is
+kept in an HttpOnly, SameSite=Strict cookie scoped to ``/ui`` and checked on every page
+exactly as the API checks a bearer token (a revoked key stops working at once).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Cookie, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from broker import dashboard
+from broker.api.deps import NowDep, SessionDep
+from broker.jobs import is_terminal
+from broker.settings import get_settings
+from broker.teams import Principal, authenticate
+
+BASE = "/ui"
+COOKIE = "broker_ui"
+HERE = Path(__file__).resolve().parent
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+static = StaticFiles(directory=str(HERE / "static"))
+router = APIRouter(prefix=BASE, include_in_schema=False)
+REFRESH_SECONDS = 5
+
+
+def _principal(session: Any, token: str | None) -> Principal | None:
+    if not token:
+        return None
+    admin = get_settings().admin_token
+    return authenticate(session, token, admin.get_secret_value() if admin else None)
+
+
+def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
+    return templates.TemplateResponse(
+        request, name, {"base": BASE, "static_url": f"{BASE}/static", **context}
+    )
+
+
+def _to_login() -> RedirectResponse:
+    return RedirectResponse(f"{BASE}/login", status_code=303)
+
+
+def _plan_label(plan: dict[str, Any]) -> str:
+    if not plan:
+        return "–"
+    return f"{plan['gpu_count']}x{plan['gpu']} {plan['market']} {plan['provider']}/{plan['zone']}"
+
+
+def format_usd(micros: int) -> str:
+    """Dollars and cents for people (the API keeps micro-dollars exact)."""
+    return f"{(Decimal(micros) / 1_000_000).quantize(Decimal('0.01'), ROUND_HALF_UP):,}"
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M") if moment else "–"
+
+
+TokenCookie = Annotated[str | None, Cookie(alias=COOKIE)]
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request) -> HTMLResponse:
+    return _page(request, "login.html")
+
+
+@router.post("/login")
+def login(
+    request: Request, session: SessionDep, token: Annotated[str, Form(max_length=200)]
+) -> Response:
+    if _principal(session, token.strip()) is None:
+        return _page(request, "login.html", error="unknown or revoked token")
+    response = RedirectResponse(f"{BASE}/", status_code=303)
+    response.set_cookie(COOKIE, token.strip(), httponly=True, samesite="strict", path=BASE)
+    return response
+
+
+@router.post("/logout")
+def logout() -> Response:
+    response = _to_login()
+    response.delete_cookie(COOKIE, path=BASE)
+    return response
+
+
+@router.get("/", response_class=HTMLResponse)
+def overview(
+    request: Request, session: SessionDep, now: NowDep, token: TokenCookie = None
+) -> Response:
+    principal = _principal(session, token)
+    if principal is None:
+        return _to_login()
+    teams = dashboard.visible_teams(session, principal.team_id)
+    names = {t.id: t.name for t in teams}
+    budgets = dashboard.budgets(session, teams, now)
+    rows = dashboard.jobs(session, teams)
+    series = dashboard.spend_series(session, teams, now)
+    budget_view = [
+        {
+            "name": b.team.name,
+            "spent": format_usd(b.figures.spent),
+            "reserved": format_usd(b.figures.reserved),
+            "left": format_usd(b.figures.available),
+            "limit": format_usd(b.figures.limit),
+            "alert": b.figures.alert,
+        }
+        for b in budgets
+    ]
+    jobs = []
+    for row in rows:
+        job, plan = row.job, row.job.plan or {}
+        jobs.append(
+            {
+                "id": job.id,
+                "name": job.name,
+                "team": names.get(job.team_id, ""),
+                "status": job.status,
+                "fraction": min(job.work_done / job.total_work, 1.0) if job.total_work else 0.0,
+                "plan": _plan_label(plan),
+                "spent": format_usd(row.spent_micros),
+                "on_demand": format_usd(job.on_demand_cost_micros)
+                if job.on_demand_cost_micros is not None
+                else None,
+                "deadline": _when(job.deadline),
+            }
+        )
+    chart_data = {
+        "budgets": [
+            {
+                "spent": b.figures.spent,
+                "reserved": b.figures.reserved,
+                "left": b.figures.available,
+                "alert": b.figures.alert,
+            }
+            for b in budgets
+        ],
+        "spend": {
+            "labels": series.labels,
+            "by_team": series.by_team,
+            "by_provider": series.by_provider,
+        },
+    }
+    unfinished = any(not is_terminal(r.job.status) for r in rows)
+    return _page(
+        request,
+        "overview.html",
+        viewer="admin (all teams)" if principal.is_admin else f"team {teams[0].name}",
+        budgets=budget_view,
+        jobs=jobs,
+        chart_data=chart_data,
+        refresh=REFRESH_SECONDS if unfinished else None,
+    )
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(
+    job_id: str, request: Request, session: SessionDep, now: NowDep, token: TokenCookie = None
+) -> Response:
+    principal = _principal(session, token)
+    if principal is None:
+        return _to_login()
+    teams = dashboard.visible_teams(session, principal.team_id)
+    history = dashboard.job_history(session, teams, job_id[:64], now)
+    if history is None:
+        return HTMLResponse("<h1>Not found</h1>", status_code=404)
+    job = history.job
+    attempts = [
+        {
+            "where": f"{s.attempt.gpu_count}x{s.attempt.gpu} {s.attempt.provider}/{s.attempt.zone}",
+            "market": s.attempt.market,
+            "price": format_usd(s.attempt.price_micros_per_hour),
+            "start": _when(s.attempt.started_at),
+            "end": _when(s.attempt.ended_at),
+            "reason": s.attempt.end_reason or s.attempt.status,
+            "cost": format_usd(s.attempt.cost_micros),
+        }
+        for s in history.segments
+    ]
+    chart_data = {
+        "segments": [
+            {
+                "where": f"{s.attempt.market} {s.attempt.zone}",
+                "market": s.attempt.market,
+                "reason": s.attempt.end_reason,
+                "start": round(s.start_hours, 4),
+                "end": round(s.end_hours, 4),
+            }
+            for s in history.segments
+        ],
+        "checkpoints": [[round(h, 4), w] for h, w in history.checkpoints],
+        "spend_curve": [[round(h, 4), m] for h, m in history.spend_curve],
+    }
+    view = {
+        "name": job.name,
+        "status": job.status,
+        "reason": job.status_reason,
+        "fraction": min(job.work_done / job.total_work, 1.0) if job.total_work else 0.0,
+        "work_done": f"{job.work_done:,.2f}",
+        "total_work": f"{job.total_work:,.2f}",
+        "spent": format_usd(history.spent_micros),
+        "max_cost": format_usd(job.max_cost_micros),
+        "on_demand": format_usd(job.on_demand_cost_micros)
+        if job.on_demand_cost_micros is not None
+        else None,
+        "deadline": _when(job.deadline),
+    }
+    return _page(
+        request,
+        "job.html",
+        viewer="admin (all teams)" if principal.is_admin else f"team {teams[0].name}",
+        job=view,
+        attempts=attempts,
+        chart_data=chart_data,
+        refresh=None if is_terminal(job.status) else REFRESH_SECONDS,
+    )
