@@ -20,6 +20,7 @@ from sqlmodel import Session, col, select
 
 from broker.db import begin_write, is_postgres
 from broker.errors import BudgetExceeded, Conflict, NotFound
+from broker.faults import fault_point
 from broker.ids import new_id
 from broker.jobs import JobStatus, check_transition, is_terminal
 from broker.ledger import (
@@ -157,6 +158,8 @@ def stop(
         session.rollback()
         return []
     ended = _finish(session, job, status, now, reason)
+    session.flush()
+    fault_point("mid_settle")
     session.commit()
     return ended
 
@@ -227,9 +230,18 @@ def launch_succeeded(
     attempt = _locked_attempt(session, attempt_id)
     job = session.get(Job, attempt.job_id)
     assert job is not None
-    if attempt.status != LAUNCHING or is_terminal(job.status):
-        # The job was stopped while the launch was under way: the instance must go.
-        attempt.instance_id = attempt.instance_id or instance_id
+    if attempt.status == RUNNING and attempt.instance_id == instance_id:
+        # A repeated launch of the same attempt (its token found the same instance): done.
+        session.rollback()
+        return []
+    if attempt.status != LAUNCHING:
+        # The attempt ended while the launch was under way (cancel, stop): the instance goes.
+        session.rollback()
+        return [
+            ToTerminate(attempt.id, attempt.provider, attempt.region, attempt.zone, instance_id)
+        ]
+    if is_terminal(job.status):
+        attempt.instance_id = instance_id
         ended = _end_attempt(session, job, attempt, "stopped", now)
         session.commit()
         return [ended] if ended else []

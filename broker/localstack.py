@@ -293,13 +293,19 @@ class EmbeddedStack:
         process = self._processes.get("worker")
         return process is not None and process.poll() is None
 
-    def restart_worker(self) -> None:
-        """Kill the worker (as a crash would) and start a new one."""
+    def restart_worker(self, **env: str) -> None:
+        """Kill the worker (as a crash would) and start a new one, with ``env`` changed."""
         process = self._processes.pop("worker", None)
         if process is not None:
             process.kill()
             process.wait(timeout=10)
+        self.env.update(env)
         self._spawn_worker()
+
+    def worker_exit_code(self) -> int | None:
+        """The worker's exit code once it has exited (None while it runs)."""
+        process = self._processes.get("worker")
+        return None if process is None else process.poll()
 
     def running_instances(self) -> list[str]:
         """Ids of broker-tagged instances not yet terminated, in both local clouds."""

@@ -96,19 +96,25 @@ class SimulatedTraining:
         """Advance every visible run to now; returns how many instances are training."""
         now = clock.now()
         seen: set[str] = set()
+        complete = True
         for source in self._sources:
             try:
                 instances = list(source())
             except Exception as error:  # a flaky local cloud must not kill the thread
                 log.warning("listing instances failed: %s", error)
+                complete = False
                 continue
             for attempt_id, resume in instances:
                 if "token" not in resume:
                     continue  # not launched by the broker's runner: nothing trains there
                 seen.add(attempt_id)
-                self._advance(attempt_id, resume, now)
-        for gone in set(self._runs) - seen:
-            self._runs.pop(gone).agent.close()
+                try:
+                    self._advance(attempt_id, resume, now)
+                except Exception as error:  # e.g. a checkpoint write refused: retried next step
+                    log.warning("training step failed: %s", error, extra={"attempt_id": attempt_id})
+        if complete:  # a failed listing says nothing about which instances are gone
+            for gone in set(self._runs) - seen:
+                self._runs.pop(gone).agent.close()
         return len(self._runs)
 
     def _advance(self, attempt_id: str, resume: Resume, now: datetime) -> None:

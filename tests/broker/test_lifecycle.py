@@ -166,3 +166,14 @@ def test_spend_passing_the_alert_threshold_logs_one_warning(session, clock, capl
     warnings = [r for r in caplog.records if "budget alert" in r.getMessage()]
     assert len(warnings) == 1
     assert "30.00 of 300.00 USD spent" in warnings[0].getMessage()
+
+
+def test_a_repeated_launch_of_the_same_attempt_keeps_it_running(session, job, clock):
+    # Two workers finishing the same interrupted launch: the token found the same instance.
+    attempt, _ = lifecycle.begin_attempt(session, job.id, PLAN, PRICE, clock.now())
+    assert lifecycle.launch_succeeded(session, attempt.id, "i-7", clock.now()) == []
+    assert lifecycle.launch_succeeded(session, attempt.id, "i-7", clock.now()) == []
+    again = session.get(Attempt, attempt.id)
+    session.refresh(again)
+    assert again.status == "running" and again.end_reason is None
+    assert session.get(Job, job.id).status == "running"

@@ -1,0 +1,175 @@
+"""Jobs finish through cloud faults and database trouble, with spend booked and no orphan.
+
+- Cloud faults: both local clouds answer 20 % of calls with throttling, 5xx or delays.
+- Database trouble (PostgreSQL only): every connection of the workers and the API is killed
+  with ``pg_terminate_backend`` several times while jobs run.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlmodel import Session, select
+
+from tests.helpers import drop_postgres, fresh_postgres
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+PG_BASE = os.environ.get("BROKER_TEST_DATABASE_URL")
+TERMINAL = {"succeeded", "failed", "cancelled", "budget_exhausted", "deadline_missed"}
+
+
+def _reachable(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextmanager
+def _stack(folder: Path, **options: Any) -> Iterator[tuple[Any, str | None]]:
+    from broker.localstack import EmbeddedStack
+
+    database_url = celery_url = created = None
+    if PG_BASE:
+        if not _reachable(5672):
+            pytest.skip("RabbitMQ is not running on 127.0.0.1:5672")
+        celery_url = "amqp://guest:guest@127.0.0.1:5672//"
+        database_url, created = fresh_postgres(PG_BASE)
+    stack = EmbeddedStack(
+        folder,
+        scale=1200.0,
+        tick_seconds=1.0,
+        reconcile_seconds=3.0,
+        database_url=database_url,
+        celery_broker_url=celery_url,
+        extra_env={"BROKER_CELERY_QUEUE": f"broker-trouble-{secrets.token_hex(4)}"},
+        **options,
+    )
+    with stack:
+        yield stack, database_url
+    if created:
+        drop_postgres(PG_BASE, created)
+
+
+def _run_jobs(
+    stack: Any, count: int, timeout: float = 180.0, tolerate_5xx: bool = False
+) -> list[dict]:
+    """Submit ``count`` jobs (AWS and GCP) and wait until every one has finished.
+
+    ``tolerate_5xx``: a read whose connection is killed under it may fail; poll again.
+    """
+    from broker import clock
+
+    http = httpx.Client(base_url=stack.api_url, timeout=30)
+    admin = {"Authorization": f"Bearer {stack.admin_token}"}
+    team = http.post(
+        "/v1/teams",
+        json={"name": f"t-{secrets.token_hex(3)}", "budget": {"limit": "900.00"}},
+        headers=admin,
+    ).json()
+    key = http.post(f"/v1/teams/{team['id']}/keys", json={"name": "k"}, headers=admin).json()
+    headers = {"Authorization": f"Bearer {key['token']}"}
+    ids = []
+    for i in range(count):
+        spec = {
+            "name": f"trouble-{i}",
+            "workload": {"reference_gpu_hours": 1.0 + 0.25 * i},
+            "resources": {"gpus": 1, "providers": ["aws" if i % 2 else "gcp"]},
+            "deadline": (clock.now() + timedelta(hours=14)).isoformat(),
+            "max_cost": "80.00",
+        }
+        response = http.post("/v1/jobs", json=spec, headers=headers)
+        assert response.status_code == 201, response.text
+        ids.append(response.json()["id"])
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs = []
+        for job_id in ids:
+            response = http.get(f"/v1/jobs/{job_id}", headers=headers)
+            if tolerate_5xx and response.status_code >= 500:
+                jobs.append({"status": "unknown"})
+                continue
+            assert response.status_code == 200, response.text
+            jobs.append(response.json())
+        if all(j["status"] in TERMINAL for j in jobs):
+            return jobs
+        assert stack.worker_alive(), "the worker died; see worker.log"
+        assert time.monotonic() < deadline, [j["status"] for j in jobs]
+        time.sleep(0.5)
+
+
+def _assert_settled(stack: Any, jobs: list[dict]) -> None:
+    """Spend booked exactly, nothing reserved, and no instance left after a reconcile."""
+    from broker.db import get_engine
+    from broker.ledger import job_reserved, job_spent
+    from broker.models import Attempt
+    from broker.money import cost_micros
+
+    with Session(get_engine()) as session:
+        for job in jobs:
+            attempts = session.exec(select(Attempt).where(Attempt.job_id == job["id"])).all()
+            assert all(a.status == "ended" for a in attempts)
+            for a in attempts:
+                assert a.cost_micros == cost_micros(a.price_micros_per_hour, a.billed_seconds)
+            assert job_spent(session, job["id"]) == sum(a.cost_micros for a in attempts)
+            assert job_reserved(session, job["id"]) == 0
+    deadline = time.monotonic() + 30
+    while (left := stack.running_instances()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == []
+
+
+def test_jobs_finish_when_a_fifth_of_cloud_calls_fail(tmp_path: Path) -> None:
+    with _stack(tmp_path / "faults", fault_rate=0.2) as (stack, _url):
+        jobs = _run_jobs(stack, 4)
+        assert all(j["status"] == "succeeded" for j in jobs), [j["status_reason"] for j in jobs]
+        assert stack.cloud.faults.total_injected > 20
+        stack.cloud.faults.rate = 0.0  # so the orphan check itself is not refused
+        _assert_settled(stack, jobs)
+
+
+@pytest.mark.skipif(not PG_BASE, reason="kills PostgreSQL backends; needs BROKER_TEST_DATABASE_URL")
+def test_jobs_finish_when_database_connections_are_killed(tmp_path: Path) -> None:
+    with _stack(tmp_path / "pg-kill") as (stack, url):
+        assert url is not None
+        name = make_url(url).database
+        admin = create_engine(PG_BASE or "", isolation_level="AUTOCOMMIT")
+        killed: list[int] = []
+        stop = threading.Event()
+
+        def kill_backends() -> None:
+            while not stop.wait(2.0):
+                with admin.connect() as connection:
+                    rows = connection.execute(
+                        text(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                            " WHERE datname = :name AND pid <> pg_backend_pid()"
+                        ),
+                        {"name": name},
+                    ).all()
+                killed.append(len(rows))
+
+        killer = threading.Thread(target=kill_backends, daemon=True)
+        killer.start()
+        try:
+            jobs = _run_jobs(stack, 3, tolerate_5xx=True)
+        finally:
+            stop.set()
+            killer.join(timeout=10)
+            admin.dispose()
+        assert sum(killed) > 5, killed
+        assert all(j["status"] == "succeeded" for j in jobs), [j["status_reason"] for j in jobs]
+        _assert_settled(stack, jobs)
