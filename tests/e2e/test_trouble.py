@@ -98,7 +98,11 @@ def _run_jobs(
     while True:
         jobs = []
         for job_id in ids:
-            response = http.get(f"/v1/jobs/{job_id}", headers=headers)
+            try:
+                response = http.get(f"/v1/jobs/{job_id}", headers=headers)
+            except httpx.TransportError:  # a dropped keep-alive connection: poll again
+                jobs.append({"status": "unknown"})
+                continue
             if tolerate_5xx and response.status_code >= 500:
                 jobs.append({"status": "unknown"})
                 continue
