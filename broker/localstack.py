@@ -59,6 +59,7 @@ class EmbeddedStack:
         database_url: str | None = None,
         celery_broker_url: str | None = None,
         concurrency: int = 2,
+        workers: int = 1,
         fault_rate: float = 0.0,
         market_offset_seconds: float = 0.0,
         training_interval_seconds: float = 0.25,
@@ -76,6 +77,7 @@ class EmbeddedStack:
         self.database_url = database_url or f"sqlite:///{self.data_dir / 'broker.db'}"
         self.celery_broker_url = celery_broker_url
         self.concurrency = concurrency
+        self.workers = workers
         self.fault_rate = fault_rate
         self.market_offset_seconds = market_offset_seconds
         self.training_interval_seconds = training_interval_seconds
@@ -130,7 +132,8 @@ class EmbeddedStack:
 
             create_schema(get_engine())
             self._spawn_api()
-            self._spawn_worker()
+            for number in range(1, self.workers + 1):
+                self._spawn_worker(number)
             self._wait_for_api()
             self.cloud.faults.rate = self.fault_rate
             self._start_training()
@@ -144,7 +147,7 @@ class EmbeddedStack:
         if self.training is not None:
             self.training.stop()
             self.training = None
-        for name in ("worker", "api"):
+        for name in sorted(self._processes, key=lambda n: n == "api"):  # workers first
             process = self._processes.pop(name, None)
             if process is None:
                 continue
@@ -219,9 +222,12 @@ class EmbeddedStack:
             ],
         )
 
-    def _spawn_worker(self) -> None:
+    def _spawn_worker(self, number: int = 1) -> None:
+        """Worker 1 also runs beat; more workers (``workers=``) only consume."""
+        name = "worker" if number == 1 else f"worker-{number}"
+        beat = ["--beat", "--schedule", str(self.data_dir / "celerybeat-schedule")]
         self._spawn(
-            "worker",
+            name,
             [
                 sys.executable,
                 "-m",
@@ -229,9 +235,9 @@ class EmbeddedStack:
                 "-A",
                 "tasks",
                 "worker",
-                "--beat",
-                "--schedule",
-                str(self.data_dir / "celerybeat-schedule"),
+                *(beat if number == 1 else []),
+                "--hostname",
+                f"{name}@%h",
                 "--concurrency",
                 str(self.concurrency),
                 "--loglevel",

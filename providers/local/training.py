@@ -190,6 +190,8 @@ def ec2_instances(
         for r in regions
     }
 
+    resumes: dict[str, tuple[str, Resume]] = {}  # user data never changes: read it once
+
     def running() -> Iterator[tuple[str, Resume]]:
         for client in clients.values():
             pages = client.get_paginator("describe_instances").paginate(
@@ -201,7 +203,10 @@ def ec2_instances(
             for page in pages:
                 for reservation in page["Reservations"]:
                     for instance in reservation["Instances"]:
-                        yield _ec2_resume(client, instance)
+                        key = instance["InstanceId"]
+                        if key not in resumes:
+                            resumes[key] = _ec2_resume(client, instance)
+                        yield resumes[key]
 
     return running
 

@@ -1,0 +1,230 @@
+"""Soak: many jobs through the whole local stack, with market replay and cloud faults.
+
+PostgreSQL + RabbitMQ (or the embedded SQLite + file transport with ``--embedded``), the API
+and N Celery workers as processes, moto and the GCE fake with replayed spot markets and
+injected faults, simulated training, a scaled clock. Jobs (0.5-3 reference GPU-hours, AWS
+and GCP, spot or auto) are submitted through the REST API, keeping at most
+``--in-flight`` unfinished. Prints, then one JSON line last:
+
+- simulated jobs finished per wall-clock minute;
+- p50 / p99 duration of a tick and of an observe (from the workers' /metrics histogram);
+- live attempts per tick (sampled once a second: mean and max);
+- orphans (broker-tagged instances still running after the last job and one reconcile);
+- ledger vs billing: sum over jobs of |booked spend - sum of attempts' billed seconds x
+  price| in micro-dollars, and attempts whose billed seconds differ from their run time.
+
+    python bench/soak.py [--jobs 2000] [--in-flight 150] [--workers 2] [--fault-rate 0.05]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TERMINAL = {"succeeded", "failed", "cancelled", "budget_exhausted", "deadline_missed"}
+PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def histogram_quantile(text: str, metric: str, task: str, q: float) -> float | None:
+    """A quantile from Prometheus histogram buckets (upper bound of the bucket it falls in)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: list[tuple[float, float]] = []
+    for family in text_string_to_metric_families(text):
+        if family.name != metric:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket") and sample.labels.get("task") == task:
+                buckets.append((float(sample.labels["le"]), sample.value))
+    if not buckets:
+        return None
+    buckets.sort()
+    total = buckets[-1][1]
+    if total == 0:
+        return None
+    for bound, count in buckets:
+        if count >= q * total:
+            return bound
+    return buckets[-1][0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--in-flight", type=int, default=150)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=2, help="pool size per worker")
+    parser.add_argument("--fault-rate", type=float, default=0.05)
+    parser.add_argument("--scale", type=float, default=1200.0)
+    parser.add_argument("--embedded", action="store_true", help="SQLite + file transport")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+
+    from sqlalchemy import func
+    from sqlmodel import Session, col, select
+
+    from broker import clock
+    from broker.db import get_engine
+    from broker.ledger import job_spent
+    from broker.localstack import EmbeddedStack
+    from broker.models import Attempt, Job
+    from broker.money import cost_micros
+    from tests.helpers import drop_postgres, fresh_postgres
+
+    database_url = celery_url = created = None
+    if not args.embedded:
+        database_url, created = fresh_postgres(os.environ.get("BROKER_TEST_DATABASE_URL", PG))
+        celery_url = "amqp://guest:guest@127.0.0.1:5672//"
+    folder = Path(tempfile.mkdtemp(prefix="broker-soak-"))
+    rng = random.Random(args.seed)
+    stack = EmbeddedStack(
+        folder,
+        scale=args.scale,
+        tick_seconds=1.0,
+        reconcile_seconds=5.0,
+        database_url=database_url,
+        celery_broker_url=celery_url,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        fault_rate=args.fault_rate,
+        training_interval_seconds=0.5,
+        extra_env={"BROKER_CELERY_QUEUE": f"broker-soak-{secrets.token_hex(4)}"},
+    )
+    live_samples: list[int] = []
+    try:
+        with stack:
+            http = httpx.Client(base_url=stack.api_url, timeout=60)
+            admin = {"Authorization": f"Bearer {stack.admin_token}"}
+            team = http.post(
+                "/v1/teams",
+                json={"name": "soak", "budget": {"limit": "1000000.00", "period": "total"}},
+                headers=admin,
+            ).json()
+            key = http.post(f"/v1/teams/{team['id']}/keys", json={"name": "s"}, headers=admin)
+            headers = {"Authorization": f"Bearer {key.json()['token']}"}
+            submitted, refused, ids = 0, 0, []
+            started = time.monotonic()
+            engine = get_engine()
+            last_report = started
+            while True:
+                with Session(engine) as session:
+                    unfinished = session.exec(
+                        select(func.count()).where(col(Job.status).not_in(TERMINAL))
+                    ).one()
+                    live = session.exec(
+                        select(func.count()).where(
+                            col(Attempt.status).in_(("launching", "running"))
+                        )
+                    ).one()
+                live_samples.append(int(live))
+                while submitted < args.jobs and unfinished < args.in_flight:
+                    spec = {
+                        "name": f"soak-{submitted}",
+                        "workload": {"reference_gpu_hours": round(rng.uniform(0.5, 3.0), 2)},
+                        "resources": {"gpus": 1, "providers": [rng.choice(["aws", "gcp"])]},
+                        "deadline": (clock.now() + timedelta(hours=rng.uniform(8, 16))).isoformat(),
+                        "max_cost": "80.00",
+                        "market": rng.choice(["auto", "auto", "spot"]),
+                    }
+                    response = http.post("/v1/jobs", json=spec, headers=headers)
+                    submitted += 1
+                    if response.status_code == 201:
+                        ids.append(response.json()["id"])
+                        unfinished += 1
+                    else:
+                        refused += 1
+                if submitted >= args.jobs and unfinished == 0:
+                    break
+                if not all(stack.worker_alive() for _ in [0]):
+                    raise SystemExit("worker died; see " + str(folder))
+                now = time.monotonic()
+                if now - last_report > 10:
+                    done = len(ids) - unfinished
+                    print(
+                        f"  {now - started:5.0f} s: {done} finished, {unfinished} unfinished, "
+                        f"{live} live attempts",
+                        flush=True,
+                    )
+                    last_report = now
+                time.sleep(1.0)
+            wall = time.monotonic() - started
+            metrics = http.get("/metrics").text
+            stack.cloud.faults.rate = 0.0
+            deadline = time.monotonic() + 30
+            while (orphans := stack.running_instances()) and time.monotonic() < deadline:
+                time.sleep(1.0)
+            injected = stack.cloud.faults.total_injected
+            with Session(engine) as session:
+                statuses: dict[str, int] = {}
+                ledger_gap = 0
+                billing_mismatch = 0
+                for job in session.exec(select(Job)).all():
+                    statuses[job.status] = statuses.get(job.status, 0) + 1
+                    attempts = session.exec(select(Attempt).where(Attempt.job_id == job.id)).all()
+                    booked = job_spent(session, job.id)
+                    billed = sum(
+                        cost_micros(a.price_micros_per_hour, a.billed_seconds) for a in attempts
+                    )
+                    ledger_gap += abs(booked - billed)
+                    for a in attempts:
+                        if a.started_at and a.ended_at:
+                            ran = (a.ended_at - a.started_at).total_seconds()
+                            if abs(max(ran, 60.0) - a.billed_seconds) > 1e-6:
+                                billing_mismatch += 1
+    finally:
+        if created:
+            drop_postgres(os.environ.get("BROKER_TEST_DATABASE_URL", PG), created)
+
+    finished = len(ids)
+    figures = {
+        "bench": "soak",
+        "backend": "sqlite+file" if args.embedded else "postgres+rabbitmq",
+        "jobs_submitted": submitted,
+        "jobs_refused": refused,
+        "jobs_finished": finished,
+        "statuses": statuses,
+        "wall_seconds": round(wall, 1),
+        "jobs_per_wall_minute": round(finished / wall * 60, 1),
+        "tick_p50_s": histogram_quantile(metrics, "broker_tick_seconds", "tick", 0.5),
+        "tick_p99_s": histogram_quantile(metrics, "broker_tick_seconds", "tick", 0.99),
+        "observe_p99_s": histogram_quantile(metrics, "broker_tick_seconds", "observe", 0.99),
+        "live_attempts_per_tick_mean": round(statistics.fmean(live_samples), 1),
+        "live_attempts_per_tick_max": max(live_samples),
+        "orphans": len(orphans),
+        "ledger_vs_billed_micros": ledger_gap,
+        "attempts_billed_other_than_run_time": billing_mismatch,
+        "faults_injected": injected,
+        "workers": args.workers,
+        "scale": args.scale,
+    }
+    print(f"jobs finished: {finished} of {submitted} ({refused} refused) in {wall:.0f} s")
+    print(f"  statuses: {statuses}")
+    print(f"  simulated jobs per wall-clock minute: {figures['jobs_per_wall_minute']}")
+    print(f"  tick p50/p99: {figures['tick_p50_s']} / {figures['tick_p99_s']} s (bucket bounds)")
+    print(f"  observe p99: {figures['observe_p99_s']} s")
+    print(
+        f"  live attempts per tick: mean {figures['live_attempts_per_tick_mean']}, "
+        f"max {figures['live_attempts_per_tick_max']}"
+    )
+    print(f"  orphans after reconcile: {len(orphans)}")
+    print(f"  ledger vs billed seconds x price: {ledger_gap} micro-USD apart")
+    print(f"  attempts billed other than their run time: {billing_mismatch}")
+    print(f"  cloud faults injected: {injected}")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
