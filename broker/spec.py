@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -14,6 +16,7 @@ from pydantic import (
     Field,
     PlainSerializer,
     Tag,
+    WithJsonSchema,
 )
 
 
@@ -28,11 +31,40 @@ Money = Annotated[
     BeforeValidator(_money_in),
     Field(ge=0, le=Decimal("10000000"), max_digits=14, decimal_places=6),
     PlainSerializer(lambda v: str(v), return_type=str),
+    # Pydantic's own schema for a constrained Decimal says "number or any string" and leaks
+    # the bounds as unknown keywords; state what is accepted instead.
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": r"^(10000000(\.0{1,6})?|\d{1,7}(\.\d{1,6})?)$"},
+                {"type": "integer", "minimum": 0, "maximum": 10_000_000},
+            ],
+            "examples": ["12.50"],
+        }
+    ),
 ]
 """USD as a decimal string ("12.50"); at most 6 decimals, at most 10 million."""
 
+
+def _utc_representable(value: datetime) -> datetime:
+    # An offset can move a time at either end of the calendar out of range once it is
+    # turned into UTC, as the database and the planner do.
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("time is out of range once converted to UTC") from None
+    return value
+
+
+Time = Annotated[AwareDatetime, AfterValidator(_utc_representable)]
+"""An ISO 8601 time with an offset (naive times are rejected) that UTC can represent."""
+
 Name = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][\w .\-]*$")]
-Short = Annotated[str, Field(min_length=1, max_length=40)]
+PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
+"""No control characters: PostgreSQL text and JSON cannot hold NUL, and none belongs in a
+name, a key or a label."""
+
+Short = Annotated[str, Field(min_length=1, max_length=40, pattern=PRINTABLE)]
 
 
 class Strict(BaseModel):
@@ -87,7 +119,7 @@ class JobSpec(Strict):
         Discriminator(_workload_kind),
     ]
     resources: Resources
-    deadline: AwareDatetime
+    deadline: Time
     max_cost: Money
     market: Literal["auto", "spot", "on_demand"] = "auto"
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker.spec import Money, Name
+
+ID_PATTERN = r"^[A-Za-z0-9_\-]+$"
+ResourceId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN)]
+"""An id in a path (``job_0190a1b2...``); anything else is a 422, never a database error."""
 
 
 class Strict(BaseModel):

@@ -9,6 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from broker import lifecycle
 from broker.api.deps import NowDep, SessionDep
+from broker.api.errors import error_responses
+from broker.api.schemas import ResourceId
+from broker.spec import PRINTABLE
 
 router = APIRouter(prefix="/v1/attempts", tags=["agent"])
 
@@ -16,7 +19,9 @@ router = APIRouter(prefix="/v1/attempts", tags=["agent"])
 class ProgressIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     work_done: float = Field(ge=0, le=1e15)
-    checkpoint_key: str | None = Field(default=None, min_length=1, max_length=500)
+    checkpoint_key: str | None = Field(
+        default=None, min_length=1, max_length=500, pattern=PRINTABLE
+    )
 
 
 class ProgressAck(BaseModel):
@@ -39,9 +44,13 @@ def attempt_token(
     return token
 
 
-@router.post("/{attempt_id}/progress", response_model=ProgressAck)
+@router.post(
+    "/{attempt_id}/progress",
+    response_model=ProgressAck,
+    responses=error_responses(401, 404, 409, 413),
+)
 def report_progress(
-    attempt_id: str,
+    attempt_id: ResourceId,
     body: ProgressIn,
     session: SessionDep,
     now: NowDep,

@@ -5,16 +5,17 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import AwareDatetime
 
 from broker import teams
 from broker.api.deps import NowDep, SessionDep, TeamDep
+from broker.api.errors import error_responses
 from broker.api.present import budget_out
 from broker.api.schemas import BudgetOut, SpendOut, SpendRow
 from broker.ledger import spend_report
 from broker.money import format_usd
+from broker.spec import Time
 
-router = APIRouter(prefix="/v1", tags=["budget"])
+router = APIRouter(prefix="/v1", tags=["budget"], responses=error_responses(401, 403))
 
 
 @router.get("/budget", response_model=BudgetOut)
@@ -27,8 +28,8 @@ def get_budget(session: SessionDep, now: NowDep, team_id: TeamDep) -> BudgetOut:
 def get_spend(
     session: SessionDep,
     team_id: TeamDep,
-    start: Annotated[AwareDatetime | None, Query()] = None,
-    end: Annotated[AwareDatetime | None, Query()] = None,
+    start: Annotated[Time | None, Query()] = None,
+    end: Annotated[Time | None, Query()] = None,
     group_by: Annotated[Literal["day", "job", "provider"], Query()] = "day",
 ) -> SpendOut:
     rows = spend_report(session, team_id, start, end, group_by)

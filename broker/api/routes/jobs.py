@@ -8,19 +8,25 @@ from fastapi import APIRouter, BackgroundTasks, Header, Query, Response, status
 
 from broker import admission, dispatch, ledger, lifecycle, queries
 from broker.api.deps import NowDep, SessionDep, TeamDep
+from broker.api.errors import INFEASIBLE_OR_INVALID, error_responses
 from broker.api.present import job_out, job_summary
-from broker.api.schemas import JobOut, JobPage
+from broker.api.schemas import ID_PATTERN, JobOut, JobPage, ResourceId
 from broker.jobs import JobStatus
-from broker.spec import JobSpec
+from broker.spec import PRINTABLE, JobSpec
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 403))
 
 IdempotencyKey = Annotated[
-    str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)
+    str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200, pattern=PRINTABLE)
 ]
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobOut,
+    responses={**error_responses(402, 409, 413), **INFEASIBLE_OR_INVALID},
+)
 def submit_job(
     spec: JobSpec,
     response: Response,
@@ -45,7 +51,7 @@ def list_jobs(
     team_id: TeamDep,
     status_filter: Annotated[JobStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    cursor: Annotated[str | None, Query(max_length=64)] = None,
+    cursor: Annotated[str | None, Query(max_length=64, pattern=ID_PATTERN)] = None,
 ) -> JobPage:
     jobs, next_cursor = queries.list_jobs(
         session, team_id, status_filter.value if status_filter else None, limit, cursor
@@ -53,14 +59,23 @@ def list_jobs(
     return JobPage(items=[job_summary(j) for j in jobs], next_cursor=next_cursor)
 
 
-@router.get("/{job_id}", response_model=JobOut)
-def get_job(job_id: str, session: SessionDep, team_id: TeamDep) -> JobOut:
+@router.get("/{job_id}", response_model=JobOut, responses=error_responses(404))
+def get_job(job_id: ResourceId, session: SessionDep, team_id: TeamDep) -> JobOut:
     return job_out(queries.job_view(session, team_id, job_id))
 
 
-@router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut)
+@router.post(
+    "/{job_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobOut,
+    responses=error_responses(404, 409),
+)
 def cancel_job(
-    job_id: str, session: SessionDep, now: NowDep, team_id: TeamDep, background: BackgroundTasks
+    job_id: ResourceId,
+    session: SessionDep,
+    now: NowDep,
+    team_id: TeamDep,
+    background: BackgroundTasks,
 ) -> JobOut:
     background.add_task(dispatch.enqueue_terminate, lifecycle.cancel(session, team_id, job_id, now))
     return job_out(queries.job_view(session, team_id, job_id))

@@ -5,12 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel
 
+from broker.admission import check_deadline
 from broker.api.deps import NowDep, SessionDep, TeamDep
+from broker.api.errors import INFEASIBLE_OR_INVALID, error_responses
 from broker.api.schemas import PlanOut
 from broker.planning import plan_fields, quote_job
 from broker.spec import JobSpec
 
-router = APIRouter(prefix="/v1", tags=["quotes"])
+router = APIRouter(prefix="/v1", tags=["quotes"], responses=error_responses(401, 403))
 
 
 class QuoteOut(BaseModel):
@@ -18,8 +20,13 @@ class QuoteOut(BaseModel):
     cheapest_on_demand: PlanOut | None
 
 
-@router.post("/quotes", response_model=QuoteOut)
+@router.post(
+    "/quotes",
+    response_model=QuoteOut,
+    responses={**error_responses(413), **INFEASIBLE_OR_INVALID},
+)
 def post_quote(spec: JobSpec, session: SessionDep, now: NowDep, _team_id: TeamDep) -> QuoteOut:
+    check_deadline(spec, now)
     plans = quote_job(spec, now, session)
     cheapest = plans.cheapest_on_demand
     return QuoteOut(

@@ -6,15 +6,21 @@ from fastapi import APIRouter, Response, status
 
 from broker import teams
 from broker.api.deps import AdminDep, NowDep, SessionDep
+from broker.api.errors import error_responses
 from broker.api.present import team_out
-from broker.api.schemas import KeyCreated, KeyIn, TeamIn, TeamOut, TeamPatch
+from broker.api.schemas import KeyCreated, KeyIn, ResourceId, TeamIn, TeamOut, TeamPatch
 from broker.ledger import team_budget
 from broker.money import to_micros
 
-router = APIRouter(prefix="/v1/teams", tags=["admin"])
+router = APIRouter(prefix="/v1/teams", tags=["admin"], responses=error_responses(401, 403))
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=TeamOut)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=TeamOut,
+    responses=error_responses(409, 413),
+)
 def create_team(body: TeamIn, session: SessionDep, now: NowDep, _: AdminDep) -> TeamOut:
     team = teams.create_team(
         session,
@@ -32,14 +38,14 @@ def list_teams(session: SessionDep, now: NowDep, _: AdminDep) -> list[TeamOut]:
     return [team_out(t, team_budget(session, t, now)) for t in teams.list_teams(session)]
 
 
-@router.get("/{team_id}", response_model=TeamOut)
-def get_team(team_id: str, session: SessionDep, now: NowDep, _: AdminDep) -> TeamOut:
+@router.get("/{team_id}", response_model=TeamOut, responses=error_responses(404))
+def get_team(team_id: ResourceId, session: SessionDep, now: NowDep, _: AdminDep) -> TeamOut:
     return team_out(*teams.budget_of(session, team_id, now))
 
 
-@router.patch("/{team_id}", response_model=TeamOut)
+@router.patch("/{team_id}", response_model=TeamOut, responses=error_responses(404, 413))
 def patch_team(
-    team_id: str, body: TeamPatch, session: SessionDep, now: NowDep, _: AdminDep
+    team_id: ResourceId, body: TeamPatch, session: SessionDep, now: NowDep, _: AdminDep
 ) -> TeamOut:
     budget = body.budget
     team = teams.update_budget(
@@ -53,17 +59,26 @@ def patch_team(
     return team_out(team, team_budget(session, team, now))
 
 
-@router.post("/{team_id}/keys", status_code=status.HTTP_201_CREATED, response_model=KeyCreated)
+@router.post(
+    "/{team_id}/keys",
+    status_code=status.HTTP_201_CREATED,
+    response_model=KeyCreated,
+    responses=error_responses(404, 413),
+)
 def create_key(
-    team_id: str, body: KeyIn, session: SessionDep, now: NowDep, _: AdminDep
+    team_id: ResourceId, body: KeyIn, session: SessionDep, now: NowDep, _: AdminDep
 ) -> KeyCreated:
     key, token = teams.create_key(session, team_id, body.name, now)
     return KeyCreated(id=key.id, name=key.name, token=token, prefix=key.prefix)
 
 
-@router.delete("/{team_id}/keys/{key_id}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete(
+    "/{team_id}/keys/{key_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=error_responses(404),
+)
 def revoke_key(
-    team_id: str, key_id: str, session: SessionDep, now: NowDep, _: AdminDep
+    team_id: ResourceId, key_id: ResourceId, session: SessionDep, now: NowDep, _: AdminDep
 ) -> Response:
     teams.revoke_key(session, team_id, key_id, now)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
