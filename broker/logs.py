@@ -27,8 +27,19 @@ REDACTED = "[redacted]"
 _TOKEN = re.compile(r"\b(adm|brk|tok|att)_[A-Za-z0-9_\-]{28,}")
 _VALUE = r"(?!\[redacted\])[^\s\"',;}\]]+"
 _AUTHORIZATION = re.compile(
-    r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:bearer\s+|basic\s+)?" + _VALUE
+    # A quoted value (also bytes, b'...', as botocore logs its signing header) goes whole.
+    r"(?i)(authorization[\"']?\s*[:=]\s*)(?:(b?)([\"'])(?!\[redacted\]).*?\3"
+    r"|[\"']?(?:bearer\s+|basic\s+)?" + _VALUE + ")"
 )
+
+
+def _redact_authorization(match: re.Match[str]) -> str:
+    quote = match.group(3)
+    if quote:  # keep the quoting, so the line still reads as the dict or JSON it was
+        return f"{match.group(1)}{match.group(2)}{quote}{REDACTED}{quote}"
+    return f"{match.group(1)}{REDACTED}"
+
+
 _BEARER = re.compile(r"(?i)\b(bearer)\s+" + _VALUE)
 _SECRET_KEYS = frozenset({"token", "authorization", "password", "secret", "api_key"})
 
@@ -54,7 +65,7 @@ class RedactSecrets(logging.Filter):
 
     def redact(self, text: str) -> str:
         """``text`` with every token value replaced by ``[redacted]``."""
-        text = _AUTHORIZATION.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+        text = _AUTHORIZATION.sub(_redact_authorization, text)
         text = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
         text = _TOKEN.sub(lambda m: f"{m.group(1)}_{REDACTED}", text)
         for secret in self.secrets:

@@ -43,6 +43,40 @@ _LISTED_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
 _REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 
 
+# botocore logs every request's parameters ("Making request for ... with params") and every
+# response body at DEBUG. EC2 user data carries the attempt's agent token (the resume JSON,
+# base64-encoded, which no token pattern of the log handlers recognises), so its value is cut
+# out of those records before any handler sees them.
+_USER_DATA = re.compile(r"(?i)([\"']?user_?data[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9+/=%]+")
+_USER_DATA_XML = re.compile(r"(?i)(<userData>\s*<value>)[^<]*")
+_MENTIONS_USER_DATA = re.compile(r"(?i)user_?data")
+_BOTOCORE_LOGGERS = ("botocore.endpoint", "botocore.parsers")
+
+
+class _HideUserData(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: leave it to the handler to report
+            return True
+        if _MENTIONS_USER_DATA.search(message):
+            message = _USER_DATA.sub(r"\1[user data omitted]", message)
+            record.msg, record.args = _USER_DATA_XML.sub(r"\1[user data omitted]", message), None
+        return True
+
+
+_HIDE_USER_DATA = _HideUserData()
+
+
+def hide_user_data_in_botocore_logs() -> None:
+    """Keep EC2 user data (and the agent token in it) out of botocore's DEBUG records."""
+    for name in _BOTOCORE_LOGGERS:
+        logging.getLogger(name).addFilter(_HIDE_USER_DATA)  # once: the same filter object
+
+
+hide_user_data_in_botocore_logs()
+
+
 def client_token(token: str) -> str:
     """The EC2 ``ClientToken`` for an attempt id (at most 64 ASCII characters)."""
     if len(token) <= 64 and token.isascii() and token.isprintable():

@@ -185,6 +185,9 @@ def ec2_instances(
     endpoint_url: str | None, regions: list[str], **credentials: Any
 ) -> Callable[[], Iterator[tuple[str, Resume]]]:
     """A source of running broker instances on EC2 with their user data (the instance's view)."""
+    from providers.aws import hide_user_data_in_botocore_logs
+
+    hide_user_data_in_botocore_logs()  # DescribeInstanceAttribute returns the agent token
     clients = {
         r: boto3.client("ec2", region_name=r, endpoint_url=endpoint_url, **credentials)
         for r in regions

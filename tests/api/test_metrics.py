@@ -267,3 +267,16 @@ def test_text_logs_redact_too_and_show_extras(restore_logging):
     line = stream.getvalue().strip()
     assert line.endswith("INFO broker.api: key brk_[redacted] job_id=job_9")
     assert token not in line
+
+
+def test_a_signing_header_logged_as_bytes_is_redacted_whole() -> None:
+    from broker.logs import RedactSecrets
+
+    line = (
+        "Sending http request: headers {'Authorization': b'AWS4-HMAC-SHA256 "
+        "Credential=AKIAEXAMPLE/20261203/us-east-1/ec2/aws4_request, SignedHeaders=host, "
+        "Signature=0123456789abcdef'}"
+    )
+    redacted = RedactSecrets().redact(line)
+    assert "Signature" not in redacted and "AKIAEXAMPLE" not in redacted
+    assert "'Authorization': b'[redacted]'" in redacted

@@ -1,0 +1,181 @@
+"""Tokens never appear in logs: a full job and a cancel through the embedded stack, then grep
+every log for the admin token, the team key, the agent secret and the per-attempt agent tokens.
+
+The stack logs at "info": the API's and the Celery worker's output go to <data_dir>/api.log and
+worker.log; this process (local clouds, moto's and the GCE fake's request logs, the
+simulated training agents that read the user data and report with the agent token) is
+captured with caplog at DEBUG. The broker's log handler redacts token values as a second line
+of defence, so a "[redacted]" in a log is a leak at the source too (something logged a token).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlmodel import Session, select
+
+from tests.helpers import drop_postgres, fresh_postgres
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+TERMINAL = {"succeeded", "failed", "cancelled", "budget_exhausted", "deadline_missed"}
+REDACTED = "[redacted]"
+# base64 runs long enough to carry a token (user data is base64 on EC2).
+_BASE64 = re.compile(r"[A-Za-z0-9+/]{40,}={0,2}")
+
+
+class Api:
+    """A team's view of the stack's API (the admin creates the team and its key)."""
+
+    def __init__(self, stack: Any) -> None:
+        self.stack = stack
+        self.http = httpx.Client(base_url=stack.api_url, timeout=30)
+        admin = {"Authorization": f"Bearer {stack.admin_token}"}
+        body = {"name": f"secrets-{secrets.token_hex(3)}", "budget": {"limit": "1000.00"}}
+        team = self.http.post("/v1/teams", json=body, headers=admin)
+        assert team.status_code == 201, team.text
+        key = self.http.post(
+            f"/v1/teams/{team.json()['id']}/keys", json={"name": "e2e"}, headers=admin
+        )
+        assert key.status_code == 201, key.text
+        self.key = key.json()["token"]
+        self.headers = {"Authorization": f"Bearer {self.key}"}
+
+    def spec(self, hours: float, deadline_hours: float) -> dict:
+        from broker import clock
+
+        return {
+            "name": f"job-{secrets.token_hex(3)}",
+            "workload": {"reference_gpu_hours": hours},
+            "resources": {"gpus": 1, "gpu_types": ["V100"]},
+            "deadline": (clock.now() + timedelta(hours=deadline_hours)).isoformat(),
+            "max_cost": "100.00",
+            "checkpoint": {"interval_minutes": 30, "size_gb": 5},
+        }
+
+    def submit(self, spec: dict) -> dict:
+        response = self.http.post("/v1/jobs", json=spec, headers=self.headers)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def job(self, job_id: str) -> dict:
+        response = self.http.get(f"/v1/jobs/{job_id}", headers=self.headers)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def wait(self, job_id: str, status: set[str], timeout: float = 120.0) -> dict:
+        deadline = time.monotonic() + timeout
+        job = self.job(job_id)
+        while job["status"] not in status:
+            assert self.stack.worker_alive(), "the Celery worker died; see worker.log"
+            assert time.monotonic() < deadline, f"timed out; job is {job['status']}"
+            time.sleep(0.3)
+            job = self.job(job_id)
+        return job
+
+
+@pytest.fixture
+def database_url() -> Iterator[str | None]:
+    """The suite's database choice: a fresh PostgreSQL database, or the stack's SQLite."""
+    base = os.environ.get("BROKER_TEST_DATABASE_URL")
+    if not base:
+        yield None
+        return
+    url, name = fresh_postgres(base)
+    yield url
+    drop_postgres(base, name)
+
+
+def _leaks(text: str, tokens: dict[str, str]) -> list[str]:
+    """Which tokens ``text`` holds, as is or inside base64 (how EC2 carries user data)."""
+    found = [f"{name} (plain)" for name, value in tokens.items() if value in text]
+    for blob in _BASE64.findall(text):
+        try:
+            decoded = base64.b64decode(blob + "=" * (-len(blob) % 4)).decode("utf-8", "replace")
+        except (binascii.Error, ValueError):
+            continue
+        found += [f"{name} (base64)" for name, value in tokens.items() if value in decoded]
+    if REDACTED in text:
+        found.append(f"something the handler had to redact: {REDACTED}")
+    return sorted(set(found))
+
+
+def _where(lines: list[str], tokens: dict[str, str]) -> list[str]:
+    return [line[:300] for line in lines if _leaks(line, tokens)][:5]
+
+
+def test_tokens_never_appear_in_logs(
+    tmp_path: Path, database_url: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    from broker.localstack import EmbeddedStack
+    from broker.models import Attempt
+    from broker.runner import agent_token
+
+    caplog.set_level(logging.DEBUG)
+    stack = EmbeddedStack(
+        tmp_path / "stack",
+        scale=1200.0,
+        tick_seconds=1.0,
+        reconcile_seconds=3.0,
+        database_url=database_url,
+        log_level="info",
+    )
+    with stack:
+        api = Api(stack)
+        done = api.wait(api.submit(api.spec(hours=2.0, deadline_hours=10.0))["id"], TERMINAL)
+        assert done["status"] == "succeeded", done
+
+        job = api.submit(api.spec(hours=20.0, deadline_hours=40.0))
+        running = api.wait(job["id"], {"running"})
+        instance = running["attempts"][-1]["instance_id"]
+        cancel = api.http.post(f"/v1/jobs/{job['id']}/cancel", headers=api.headers)
+        assert cancel.status_code == 202, cancel.text
+        deadline = time.monotonic() + 20
+        while instance in stack.running_instances():
+            assert time.monotonic() < deadline, f"{instance} still running after cancel"
+            time.sleep(0.3)
+
+        from broker.db import get_engine
+
+        with Session(get_engine()) as session:
+            attempt_ids = session.exec(select(Attempt.id)).all()
+        agent_secret = stack.env["BROKER_AGENT_SECRET"]
+        admin_token = stack.admin_token
+        api.http.close()
+    # Both jobs ran at least one attempt each: their agents reported with their tokens.
+    assert len(attempt_ids) >= 2, attempt_ids
+
+    tokens = {
+        "admin token": admin_token,
+        "team key": api.key,
+        "agent secret": agent_secret,
+        **{f"agent token of {a}": agent_token(agent_secret, a) for a in attempt_ids},
+    }
+    failures: list[str] = []
+    for name in ("api", "worker"):
+        lines = (stack.data_dir / f"{name}.log").read_text(errors="replace").splitlines()
+        assert lines, f"{name}.log is empty: the stack did not log at info"
+        if leaks := _leaks("\n".join(lines), tokens):
+            failures.append(f"{name}.log: {leaks}: {_where(lines, tokens)}")
+    # This process: each record's message, arguments, extra fields and traceback.
+    records = [
+        repr(record.__dict__) + "\n" + caplog.handler.format(record) for record in caplog.records
+    ]
+    assert records, "nothing captured from this process"
+    # moto's request log is among them (the GCE fake serves without an access log).
+    assert any(r.name == "providers.local.aws" and "POST" in r.getMessage() for r in caplog.records)
+    if leaks := _leaks("\n".join(records), tokens):
+        failures.append(f"captured records: {leaks}: {_where(records, tokens)}")
+    assert not failures, "tokens in logs:\n" + "\n".join(failures)
