@@ -96,19 +96,43 @@ def _login(browser: Any, base: str, token: str) -> None:
     from selenium.webdriver.support.ui import WebDriverWait
 
     WebDriverWait(browser, 10).until(
+        lambda d: "/ui/login" not in d.current_url or d.find_elements(By.CSS_SELECTOR, "p.error")
+    )
+    WebDriverWait(browser, 10).until(
         lambda d: d.execute_script("return document.readyState") == "complete"
     )
 
 
-def _check_page(browser: Any, name: str) -> None:
+def _body_text(browser: Any) -> str:
+    """The page's text, read again if a navigation or the page's auto-refresh replaced it."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    canvases = browser.find_elements(By.CSS_SELECTOR, "canvas[data-chart]")
-    assert canvases, "no chart on the page"
-    for canvas in canvases:
-        assert browser.execute_script(CANVAS_HAS_PIXELS, canvas), (
-            f"chart {canvas.get_attribute('id')} is empty"
-        )
+    for _ in range(20):
+        try:
+            return str(browser.find_element(By.TAG_NAME, "body").text)
+        except StaleElementReferenceException:
+            time.sleep(0.2)
+    raise AssertionError("the page never settled")
+
+
+def _check_page(browser: Any, name: str) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    for _ in range(5):  # a page with unfinished jobs reloads itself: check a settled copy
+        try:
+            canvases = browser.find_elements(By.CSS_SELECTOR, "canvas[data-chart]")
+            assert canvases, "no chart on the page"
+            empty = [
+                c.get_attribute("id")
+                for c in canvases
+                if not browser.execute_script(CANVAS_HAS_PIXELS, c)
+            ]
+            break
+        except StaleElementReferenceException:
+            time.sleep(0.3)
+    assert empty == [], f"empty charts: {empty}"
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == []
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -116,12 +140,11 @@ def _check_page(browser: Any, name: str) -> None:
 
 
 def test_admin_sees_every_team_with_charts_and_jobs(ran_jobs, browser) -> None:  # type: ignore[no-untyped-def]
-    from selenium.webdriver.common.by import By
 
     stack, _client = ran_jobs
     _login(browser, stack.api_url, stack.admin_token)
     assert browser.current_url.endswith("/ui/")
-    text = browser.find_element(By.TAG_NAME, "body").text
+    text = _body_text(browser)
     for name in ("vision", "nlp", "resnet18-cifar", "a3c-atari", "lm-tight", "recsys-ml20m"):
         assert name in text
     assert "admin (all teams)" in text
@@ -134,20 +157,19 @@ def test_job_page_shows_the_timeline_and_spend_curve(ran_jobs, browser) -> None:
     stack, _client = ran_jobs
     _login(browser, stack.api_url, stack.admin_token)
     browser.find_element(By.LINK_TEXT, "lm-tight").click()
-    text = browser.find_element(By.TAG_NAME, "body").text
+    text = _body_text(browser)
     assert "lm-tight" in text and "Attempts" in text
     assert "succeeded" in text or "running" in text
     _check_page(browser, "job")
 
 
 def test_team_key_sees_only_its_team(ran_jobs, browser) -> None:  # type: ignore[no-untyped-def]
-    from selenium.webdriver.common.by import By
 
     stack, client = ran_jobs
     token = client.keys["nlp"]["Authorization"].removeprefix("Bearer ")
     browser.delete_all_cookies()
     _login(browser, stack.api_url, token)
-    text = browser.find_element(By.TAG_NAME, "body").text
+    text = _body_text(browser)
     assert "team nlp" in text and "lm-tight" in text
     assert "resnet18-cifar" not in text and "vision" not in text
     _check_page(browser, "overview-team")
