@@ -35,14 +35,17 @@ _STOPS = TERMINAL - {JobStatus.SUCCEEDED}
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.PENDING: frozenset({JobStatus.QUEUED, *_STOPS}),
     JobStatus.QUEUED: frozenset({JobStatus.PROVISIONING, *_STOPS}),
-    JobStatus.PROVISIONING: frozenset({JobStatus.RUNNING, JobStatus.PREEMPTED, *_STOPS}),
+    JobStatus.PROVISIONING: frozenset(
+        {JobStatus.RUNNING, JobStatus.PREEMPTED, JobStatus.SUCCEEDED, *_STOPS}
+    ),
     JobStatus.RUNNING: frozenset(
         {JobStatus.PREEMPTED, JobStatus.PROVISIONING, JobStatus.SUCCEEDED, *_STOPS}
     ),
-    JobStatus.PREEMPTED: frozenset({JobStatus.PROVISIONING, *_STOPS}),
+    JobStatus.PREEMPTED: frozenset({JobStatus.PROVISIONING, JobStatus.SUCCEEDED, *_STOPS}),
     **{status: frozenset() for status in TERMINAL},
 }
-"""From each status, the statuses a job may move to (running -> provisioning: a migration)."""
+"""From each status, the statuses a job may move to (running -> provisioning: a migration;
+provisioning or preempted -> succeeded: the latest checkpoint already holds all the work)."""
 
 
 def is_terminal(status: str) -> bool:

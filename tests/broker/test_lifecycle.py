@@ -177,3 +177,14 @@ def test_a_repeated_launch_of_the_same_attempt_keeps_it_running(session, job, cl
     session.refresh(again)
     assert again.status == "running" and again.end_reason is None
     assert session.get(Job, job.id).status == "running"
+
+
+def test_a_job_whose_checkpoint_holds_all_work_succeeds_from_provisioning(session, job, clock):
+    # Migrated to on-demand right after its final checkpoint: nothing is left to launch.
+    attempt, token = _running(session, job, clock)
+    lifecycle.record_progress(session, attempt.id, token, job.total_work, "final", clock.now())
+    lifecycle.migrate(session, attempt.id, "deadline close", clock.now())
+    assert session.get(Job, job.id).status == "provisioning"
+    lifecycle.stop(session, job.id, JobStatus.SUCCEEDED, "work reached (checkpointed)", clock.now())
+    assert session.get(Job, job.id).status == "succeeded"
+    assert job_reserved(session, job.id) == 0
