@@ -9,6 +9,7 @@ scaled clock's epoch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -37,6 +38,16 @@ def _die_with_parent() -> None:
         import signal
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a child and everything in its process group (a worker's pool processes)."""
+    import signal
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10)
 
 
 def free_port() -> int:
@@ -152,11 +163,9 @@ class EmbeddedStack:
             if process is None:
                 continue
             process.terminate()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
+            _kill_group(process)  # stragglers too
         if self.cloud is not None:
             self.cloud.stop()
             self.cloud = None
@@ -203,6 +212,7 @@ class EmbeddedStack:
                 stderr=subprocess.STDOUT,
                 cwd=str(Path(__file__).resolve().parent.parent),
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads touch it before exec)
+                start_new_session=True,  # its own process group: pool children go with it
             )
 
     def _spawn_api(self) -> None:
@@ -303,8 +313,7 @@ class EmbeddedStack:
         """Kill the worker (as a crash would) and start a new one, with ``env`` changed."""
         process = self._processes.pop("worker", None)
         if process is not None:
-            process.kill()
-            process.wait(timeout=10)
+            _kill_group(process)
         self.env.update(env)
         self._spawn_worker()
 
