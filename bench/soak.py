@@ -34,7 +34,6 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TERMINAL = {"succeeded", "failed", "cancelled", "budget_exhausted", "deadline_missed"}
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
@@ -78,6 +77,7 @@ def main() -> None:
 
     from broker import clock
     from broker.db import get_engine
+    from broker.jobs import TERMINAL
     from broker.ledger import job_spent
     from broker.localstack import EmbeddedStack
     from broker.models import Attempt, Job

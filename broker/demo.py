@@ -27,9 +27,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from broker import clock
+from broker.jobs import TERMINAL
 from broker.throughput import ThroughputModel, Workload
-
-TERMINAL = {"succeeded", "failed", "cancelled", "budget_exhausted", "deadline_missed"}
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import socket
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -49,3 +50,10 @@ def worst_case(client, headers, spec: dict) -> str:  # type: ignore[no-untyped-d
     response = client.post("/v1/quotes", json=spec, headers=headers)
     assert response.status_code == 200, response.text
     return response.json()["plans"][0]["worst_case_cost"]
+
+
+def reachable(port: int) -> bool:
+    """Whether a server listens on ``port`` on loopback (RabbitMQ, Redis, ...)."""
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0

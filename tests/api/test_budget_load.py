@@ -16,7 +16,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from broker.ledger import team_budget
+from broker.localstack import free_port
 from broker.models import Job, LedgerEntry, Team
 from broker.money import to_micros
 from tests.helpers import job_spec
@@ -55,12 +55,6 @@ ACCEPTED = 100  # the budget fits exactly this many reservations, plus a fractio
 ADMIN_TOKEN = "adm_load_" + secrets.token_hex(8)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _wait_healthy(base_url: str, server: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -79,7 +73,7 @@ def _wait_healthy(base_url: str, server: subprocess.Popen, log: Path) -> None:
 def uvicorn_server(db_engine, database_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
     """``broker.api:app`` under uvicorn with 2 worker processes on the (migrated) test
     database; yields its base URL."""
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "BROKER_DATABASE_URL": database_url,

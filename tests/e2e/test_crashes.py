@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import time
 from collections import Counter
 from datetime import timedelta
@@ -30,18 +29,12 @@ import httpx
 import pytest
 from sqlmodel import Session, select
 
-from tests.helpers import drop_postgres, fresh_postgres
+from broker.jobs import TERMINAL
+from tests.helpers import drop_postgres, fresh_postgres, reachable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 PG_BASE = os.environ.get("BROKER_TEST_DATABASE_URL")
-TERMINAL = {"succeeded", "failed", "cancelled", "budget_exhausted", "deadline_missed"}
-
-
-def _reachable(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.settimeout(0.5)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture(params=["after_launch", "before_ack", "mid_settle"])
@@ -50,7 +43,7 @@ def crashed_stack(request: pytest.FixtureRequest, tmp_path: Path):  # type: igno
 
     database_url = celery_url = created = None
     if PG_BASE:
-        if not _reachable(5672):
+        if not reachable(5672):
             pytest.skip("RabbitMQ is not running on 127.0.0.1:5672")
         celery_url = "amqp://guest:guest@127.0.0.1:5672//"
         database_url, created = fresh_postgres(PG_BASE)

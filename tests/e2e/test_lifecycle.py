@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -21,18 +20,12 @@ import httpx
 import pytest
 from sqlmodel import Session, select
 
-from tests.helpers import drop_postgres, fresh_postgres
+from broker.jobs import TERMINAL
+from tests.helpers import drop_postgres, fresh_postgres, reachable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-TERMINAL = {"succeeded", "failed", "cancelled", "budget_exhausted", "deadline_missed"}
 SCALE = 1200.0
-
-
-def _reachable(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.settimeout(0.5)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 PG_BASE = os.environ.get("BROKER_TEST_DATABASE_URL")
@@ -50,11 +43,11 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if kind != "sqlite+embedded":
         assert PG_BASE is not None
         if kind.endswith("rabbitmq"):
-            if not _reachable(5672):
+            if not reachable(5672):
                 pytest.skip("RabbitMQ is not running on 127.0.0.1:5672")
             celery_url = "amqp://guest:guest@127.0.0.1:5672//"
         else:
-            if not _reachable(6379):
+            if not reachable(6379):
                 pytest.skip("Redis is not running on 127.0.0.1:6379")
             celery_url = "redis://127.0.0.1:6379/0"
         database_url, created = fresh_postgres(PG_BASE)

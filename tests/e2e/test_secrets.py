@@ -26,11 +26,11 @@ import httpx
 import pytest
 from sqlmodel import Session, select
 
+from broker.jobs import TERMINAL
 from tests.helpers import drop_postgres, fresh_postgres
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-TERMINAL = {"succeeded", "failed", "cancelled", "budget_exhausted", "deadline_missed"}
 REDACTED = "[redacted]"
 # base64 runs long enough to carry a token (user data is base64 on EC2).
 _BASE64 = re.compile(r"[A-Za-z0-9+/]{40,}={0,2}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,18 +23,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlmodel import Session, select
 
-from tests.helpers import drop_postgres, fresh_postgres
+from broker.jobs import TERMINAL
+from tests.helpers import drop_postgres, fresh_postgres, reachable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 PG_BASE = os.environ.get("BROKER_TEST_DATABASE_URL")
-TERMINAL = {"succeeded", "failed", "cancelled", "budget_exhausted", "deadline_missed"}
-
-
-def _reachable(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.settimeout(0.5)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 @contextmanager
@@ -44,7 +37,7 @@ def _stack(folder: Path, **options: Any) -> Iterator[tuple[Any, str | None]]:
 
     database_url = celery_url = created = None
     if PG_BASE:
-        if not _reachable(5672):
+        if not reachable(5672):
             pytest.skip("RabbitMQ is not running on 127.0.0.1:5672")
         celery_url = "amqp://guest:guest@127.0.0.1:5672//"
         database_url, created = fresh_postgres(PG_BASE)
