@@ -210,6 +210,7 @@ def uniform_progress(state: PolicyState) -> Decision:
 
 LOOSE_SLACK = 0.2  # slack / time to deadline at the start above which waiting for spot pays
 AHEAD_HOURS = 1.0  # lead over the forecast before leaving on-demand to wait for spot
+CHEAP_RESTART = 0.25  # restart / mean spot window below which tracking progress pays
 
 
 def _best_spot_zone(state: PolicyState) -> str | None:
@@ -226,11 +227,17 @@ def broker(state: PolicyState) -> Decision:
     """Ours: spot in the zone with the longest windows; on-demand only when history says so.
 
     Tight jobs run on-demand while the work left exceeds the spot the history predicts for
-    the time left (availability x hours); loose jobs wait for spot until they must. Both
-    leave on-demand for spot when the zone's windows outlast the switch's break-even.
+    the time left (availability x hours). Loose jobs follow Uniform Progress when a restart
+    is cheap next to the spot windows the history shows (its on-demand <-> spot switches
+    then cost little), else wait for spot until they must. Both leave on-demand for spot
+    when the zone's windows outlast the switch's break-even.
     """
     if state.work_left_hours <= EPS:
         return STOP
+    loose = state.hours_total - state.work_total_hours >= LOOSE_SLACK * state.hours_total
+    window = max((state.history.mean_window_hours(z) for z in state.zones), default=0.0)
+    if loose and state.restart_hours <= CHEAP_RESTART * window:
+        return uniform_progress(state)
     if state.instance is Instance.SPOT:
         return CONTINUE
     zone = _best_spot_zone(state)
@@ -238,7 +245,6 @@ def broker(state: PolicyState) -> Decision:
     supply = max((state.history.availability(z) for z in state.zones), default=0.0) * (
         state.hours_to_deadline - state.tick_hours
     )
-    loose = state.hours_total - state.work_total_hours >= LOOSE_SLACK * state.hours_total
     if state.instance is Instance.ON_DEMAND:
         if must:
             return CONTINUE

@@ -14,6 +14,7 @@ import numpy as np
 
 from broker.policy import (
     AHEAD_HOURS,
+    CHEAP_RESTART,
     EPS,
     LOOSE_SLACK,
     Action,
@@ -176,7 +177,10 @@ def broker_batch(s: BatchState) -> BatchDecision:
         Action.SPOT,
         np.where(behind, Action.ON_DEMAND, Action.CONTINUE),
     )
-    return by_instance(s, od_action, idle_action, zone)
+    action, target = by_instance(s, od_action, idle_action, zone)
+    track = loose & (s.restart_hours <= CHEAP_RESTART * window.max(axis=0))
+    up_action, up_target = uniform_progress_batch(s)
+    return np.where(track, up_action, action), np.where(track, up_target, target)
 
 
 BATCH_POLICIES: dict[str, BatchPolicy] = {

@@ -124,36 +124,68 @@ def simulate_ticks(
     zones: tuple[str, ...],
 ) -> SimResult:
     """The lockstep loop on a (Z, L) availability matrix, the job already in ticks."""
-    n = len(offsets)
-    dt, q = ticks.hours, ticks.restart
-    window = job_windows(matrix, offsets, max(ticks.deadline, 1))
-    observed, avail_hours, windows, last = prime_history(matrix, offsets, dt)
+    return simulate_runs(decide, matrix, offsets, [(ticks, job)], zones)[0]
+
+
+def simulate_runs(
+    decide: BatchPolicy,
+    matrix: np.ndarray,
+    offsets: np.ndarray,
+    runs: Sequence[tuple[Ticks, JobSpec]],
+    zones: tuple[str, ...],
+) -> list[SimResult]:
+    """Several jobs (same tick and prices) from every start offset, all in one lockstep loop.
+
+    One result per run, in order. Batching the runs amortizes the per-tick numpy overhead,
+    which dominates at a few hundred offsets.
+    """
+    if (
+        len({t.hours for t, _ in runs}) != 1
+        or len({(j.spot_price, j.on_demand_price) for _, j in runs}) != 1
+    ):
+        raise ValueError("runs simulated together need the same tick and prices")
+    first, job = runs[0]
+    b = len(offsets)
+    n = b * len(runs)
+    dt = first.hours
+    deadline, work_total, restart = (
+        np.repeat(np.array(values), b)
+        for values in zip(*((t.deadline, t.work, t.restart) for t, _ in runs), strict=True)
+    )
+    horizon = int(deadline.max())
+    window = np.tile(job_windows(matrix, offsets, max(horizon, 1)), (1, len(runs), 1))
+    observed, avail_hours, windows, last = (
+        np.tile(h, (1, len(runs))) for h in prime_history(matrix, offsets, dt)
+    )
     instance = np.zeros(n, np.int8)
     zone = np.full(n, -1)
     overhead = np.zeros(n, np.int64)
-    work_left = np.full(n, ticks.work, np.int64)
+    work_left = work_total.astype(np.int64)
     held = np.zeros((2, n), np.int64)  # ticks on spot, on on-demand
     finish = np.full(n, -1, np.int64)
     stopped = np.zeros(n, bool)
     rows = np.arange(n)
-    full = np.full(n, 1.0)
-    for t in range(ticks.deadline):
-        if stopped.all():
+    hours_total, work_total_hours = deadline * dt, work_total * dt
+    restart_hours, tick_hours = restart * dt, np.full(n, dt)
+    for t in range(horizon):
+        expired = deadline <= t  # past its deadline: frozen as it was
+        if (stopped | expired).all():
             break
+        live = ~stopped & ~expired
         now = window[:, :, t]
         observed = observed + dt
         avail_hours = avail_hours + now * dt
         windows = windows + (now & ~last)
         last = now
-        lost = (instance == Instance.SPOT) & ~now[np.maximum(zone, 0), rows]
+        lost = live & (instance == Instance.SPOT) & ~now[np.maximum(zone, 0), rows]
         instance[lost], zone[lost], overhead[lost] = Instance.NONE, -1, 0
         state = BatchState(
-            hours_to_deadline=(ticks.deadline - t) * dt * full,
-            hours_total=ticks.deadline * dt * full,
+            hours_to_deadline=(deadline - t) * dt,
+            hours_total=hours_total,
             work_left_hours=work_left * dt,
-            work_total_hours=ticks.work * dt * full,
-            restart_hours=q * dt * full,
-            tick_hours=dt * full,
+            work_total_hours=work_total_hours,
+            restart_hours=restart_hours,
+            tick_hours=tick_hours,
             instance=instance,
             zone=zone,
             restart_left_hours=overhead * dt,
@@ -167,12 +199,12 @@ def simulate_ticks(
             zones=zones,
         )
         action, target = decide(state)
-        action = np.where(stopped, Action.STOP, action)
-        _apply(action, target, now, instance, zone, overhead, q, rows)
+        action = np.where(stopped, Action.STOP, np.where(expired, Action.CONTINUE, action))
+        _apply(action, target, now, instance, zone, overhead, restart, rows)
         stopped |= action == Action.STOP
-        running = instance != Instance.NONE
-        held[0] += instance == Instance.SPOT
-        held[1] += instance == Instance.ON_DEMAND
+        running = live & (instance != Instance.NONE)
+        held[0] += running & (instance == Instance.SPOT)
+        held[1] += running & (instance == Instance.ON_DEMAND)
         progress = running & (overhead == 0)
         overhead -= running & (overhead > 0)
         work_left -= progress
@@ -182,11 +214,14 @@ def simulate_ticks(
         stopped |= done
     missed = work_left > 0
     # a late job still gets finished on on-demand, so its cost is comparable
-    catch_up = np.where(instance == Instance.ON_DEMAND, overhead, q) + work_left
+    catch_up = np.where(instance == Instance.ON_DEMAND, overhead, restart) + work_left
     cost = dt * (job.spot_price * held[0] + job.on_demand_price * held[1])
     cost = cost + np.where(missed, catch_up * dt * job.on_demand_price, 0.0)
     finish_hours = np.where(missed, np.nan, finish * dt)
-    return SimResult(cost=cost, missed=missed, finish_hours=finish_hours)
+    return [
+        SimResult(cost=cost[part], missed=missed[part], finish_hours=finish_hours[part])
+        for part in (slice(i * b, (i + 1) * b) for i in range(len(runs)))
+    ]
 
 
 def _apply(
@@ -196,7 +231,7 @@ def _apply(
     instance: np.ndarray,
     zone: np.ndarray,
     overhead: np.ndarray,
-    restart: int,
+    restart: np.ndarray,
     rows: np.ndarray,
 ) -> None:
     """Carry out the decisions in place (a spot launch where spot is gone leaves the job idle)."""
@@ -204,10 +239,10 @@ def _apply(
     move = spot & ~((instance == Instance.SPOT) & (zone == target))
     got = now[np.maximum(target, 0), rows]
     start = move & got
-    instance[start], zone[start], overhead[start] = Instance.SPOT, target[start], restart
+    instance[start], zone[start], overhead[start] = Instance.SPOT, target[start], restart[start]
     failed = move & ~got
     od = (action == Action.ON_DEMAND) & (instance != Instance.ON_DEMAND)
-    instance[od], zone[od], overhead[od] = Instance.ON_DEMAND, -1, restart
+    instance[od], zone[od], overhead[od] = Instance.ON_DEMAND, -1, restart[od]
     idle = failed | (action == Action.WAIT) | (action == Action.STOP)
     instance[idle], zone[idle], overhead[idle] = Instance.NONE, -1, 0
 

@@ -77,6 +77,23 @@ def test_broker_picks_the_zone_whose_spot_windows_last_longest() -> None:
     assert history.availability("us-east-1d") == pytest.approx((10 + 12) / (20 + 24))
 
 
+def test_broker_tracks_uniform_progress_only_when_loose_and_restarts_are_cheap() -> None:
+    history = AvailabilityHistory()
+    for _ in range(10):  # ten one-hour windows: mean window (10 + 2) / 11 = 1.09 h
+        history = history.observe(ZONES[0], True, 1.0).observe(ZONES[0], False, 1.0)
+    # 48 h of work in 72 h (loose), 40 h elapsed, 24 h done: behind the line (26.7 h)
+    behind = state(hours_total=72.0, hours_to_deadline=32.0, work_left_hours=24.0, history=history)
+    assert POLICIES["uniform_progress"](behind).action is Action.ON_DEMAND
+    assert POLICIES["broker"](behind).action is Action.ON_DEMAND  # 0.2 h <= 0.25 x 1.09 h
+    costly = behind.with_(restart_hours=0.5)  # restarts too dear to chase the line: wait
+    assert POLICIES["broker"](costly).action is Action.CONTINUE
+    # tight: its own rule, 24 h left > the spot forecast 0.5 x 31.9 h, and ahead of the
+    # line (20 h elapsed of 52) where Uniform Progress would wait
+    tight = behind.with_(hours_total=52.0)
+    assert POLICIES["uniform_progress"](tight).action is Action.CONTINUE
+    assert POLICIES["broker"](tight).action is Action.ON_DEMAND
+
+
 def random_batch(rng: np.random.Generator, n: int) -> BatchState:
     zones = ZONES[: int(rng.integers(1, 4))]
     z = len(zones)
