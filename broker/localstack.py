@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,31 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=10)
+
+
+def wait_until_healthy(
+    url: str,
+    processes: Mapping[str, subprocess.Popen],
+    where: Callable[[str], str],
+    timeout: float = 60.0,
+) -> None:
+    """Poll ``url``/healthz until it answers 200; raise if one of ``processes`` exits first.
+
+    ``where(name)`` tells the error where to look (a log path, or the log itself).
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name, process in processes.items():
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with {process.returncode}; {where(name)}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    logs = "; ".join(where(name) for name in processes)
+    raise RuntimeError(f"{url} did not answer /healthz; {logs}")
 
 
 def free_port() -> int:
@@ -257,21 +282,10 @@ class EmbeddedStack:
             ],
         )
 
-    def _wait_for_api(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for name, process in self._processes.items():
-                if process.poll() is not None:
-                    raise RuntimeError(
-                        f"{name} exited with {process.returncode}; see {self.data_dir}/{name}.log"
-                    )
-            try:
-                if httpx.get(f"{self.api_url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"the API did not start; see {self.data_dir}/api.log")
+    def _wait_for_api(self) -> None:
+        wait_until_healthy(
+            self.api_url, self._processes, lambda name: f"see {self.data_dir}/{name}.log"
+        )
 
     def _start_training(self) -> None:
         from providers.local.stack import LOCAL_ACCESS_KEY, LOCAL_SECRET_KEY

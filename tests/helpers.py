@@ -8,6 +8,18 @@ import socket
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+# A spot plan on the bundled catalog's cheapest V100 (p3.2xlarge in use1-az1), at its price.
+SPOT_PLAN = {
+    "provider": "aws",
+    "region": "us-east-1",
+    "zone": "use1-az1",
+    "instance_type": "p3.2xlarge",
+    "gpu": "V100",
+    "gpu_count": 1,
+    "market": "spot",
+}
+SPOT_PRICE = 918_000  # micro-dollars per hour: $0.918/h
+
 
 def fresh_postgres(base_url: str) -> tuple[str, str]:
     """Create a database of our own next to ``base_url``'s; returns (url, name)."""

@@ -20,6 +20,7 @@ from fastapi.templating import Jinja2Templates
 from broker import dashboard
 from broker.api.deps import NowDep, SessionDep
 from broker.jobs import is_terminal
+from broker.models import Team
 from broker.settings import get_settings
 from broker.teams import Principal, authenticate
 
@@ -43,6 +44,11 @@ def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
     return templates.TemplateResponse(
         request, name, {"base": BASE, "static_url": f"{BASE}/static", **context}
     )
+
+
+def _viewer(principal: Principal, teams: list[Team]) -> str:
+    """Who the page is for, as its header says."""
+    return "admin (all teams)" if principal.is_admin else f"team {teams[0].name}"
 
 
 def _to_login() -> RedirectResponse:
@@ -151,7 +157,7 @@ def overview(
     return _page(
         request,
         "overview.html",
-        viewer="admin (all teams)" if principal.is_admin else f"team {teams[0].name}",
+        viewer=_viewer(principal, teams),
         budgets=budget_view,
         jobs=jobs,
         chart_data=chart_data,
@@ -214,7 +220,7 @@ def job_page(
     return _page(
         request,
         "job.html",
-        viewer="admin (all teams)" if principal.is_admin else f"team {teams[0].name}",
+        viewer=_viewer(principal, teams),
         job=view,
         attempts=attempts,
         chart_data=chart_data,

@@ -30,7 +30,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from broker.ledger import team_budget
-from broker.localstack import free_port
+from broker.localstack import free_port, wait_until_healthy
 from broker.models import Job, LedgerEntry, Team
 from broker.money import to_micros
 from tests.helpers import job_spec
@@ -53,20 +53,6 @@ PER_PROCESS = 125
 THREADS = 8
 ACCEPTED = 100  # the budget fits exactly this many reservations, plus a fraction of one
 ADMIN_TOKEN = "adm_load_" + secrets.token_hex(8)
-
-
-def _wait_healthy(base_url: str, server: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"uvicorn exited ({server.returncode}):\n{log.read_text()}")
-        try:
-            if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"uvicorn did not answer /healthz:\n{log.read_text()}")
 
 
 @pytest.fixture
@@ -95,7 +81,7 @@ def uvicorn_server(db_engine, database_url: str, tmp_path: Path):  # type: ignor
         )
     base_url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(base_url, server, log)
+        wait_until_healthy(base_url, {"uvicorn": server}, lambda _name: log.read_text())
         yield base_url
     finally:
         server.terminate()

@@ -20,21 +20,12 @@ from sqlmodel import Session
 from broker import lifecycle
 from broker.logs import configure_logging
 from broker.settings import Settings, get_settings
-from tests.helpers import job_spec
+from tests.helpers import SPOT_PLAN, job_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
-SPOT_AZ1 = {
-    "provider": "aws",
-    "region": "us-east-1",
-    "zone": "use1-az1",
-    "instance_type": "p3.2xlarge",
-    "gpu": "V100",
-    "gpu_count": 1,
-    "market": "spot",
-}
-SPOT_AZ2 = {**SPOT_AZ1, "zone": "use1-az2"}
-ON_DEMAND_AZ1 = {**SPOT_AZ1, "market": "on_demand"}
+SPOT_AZ2 = {**SPOT_PLAN, "zone": "use1-az2"}
+ON_DEMAND_AZ1 = {**SPOT_PLAN, "market": "on_demand"}
 GCP_SPOT = {
     "provider": "gcp",
     "region": "us-central1",
@@ -99,7 +90,7 @@ def test_metrics_count_jobs_money_and_attempts_from_the_database(
     with Session(db_engine, expire_on_commit=False) as session:
         # Job A: spot in az1 preempted at once (60 s minimum at $0.918/h), a capacity refusal
         # in az2, then on-demand in az1 for an hour at $3.06/h.
-        attempt, token = run_attempt(session, job_a["id"], SPOT_AZ1, 918_000, clock)
+        attempt, token = run_attempt(session, job_a["id"], SPOT_PLAN, 918_000, clock)
         lifecycle.preempted(session, attempt.id, clock.now())
         tokens.append(token)
         refused, token = lifecycle.begin_attempt(
@@ -159,7 +150,7 @@ def test_team_spend_follows_the_budget_period(client, make_team, clock, db_engin
     _, total_headers = make_team(name="lifetime", period="total")
     jobs = [submit(client, month_headers), submit(client, total_headers)]
     with Session(db_engine, expire_on_commit=False) as session:
-        attempts = [run_attempt(session, job["id"], SPOT_AZ1, 1_000_000, clock)[0] for job in jobs]
+        attempts = [run_attempt(session, job["id"], SPOT_PLAN, 1_000_000, clock)[0] for job in jobs]
         clock.advance(3600)
         for attempt in attempts:
             lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)

@@ -14,18 +14,7 @@ from broker.ledger import job_reserved, job_spent
 from broker.models import Attempt, Job, LedgerEntry
 from broker.spec import JobSpec
 from broker.teams import create_team
-from tests.helpers import job_spec
-
-PLAN = {
-    "provider": "aws",
-    "region": "us-east-1",
-    "zone": "use1-az1",
-    "instance_type": "p3.2xlarge",
-    "gpu": "V100",
-    "gpu_count": 1,
-    "market": "spot",
-}
-PRICE = 918_000  # 0.918 $/h
+from tests.helpers import SPOT_PLAN, SPOT_PRICE, job_spec
 
 
 @pytest.fixture
@@ -43,7 +32,7 @@ def job(session, clock):
 
 
 def _running(session, job, clock):
-    attempt, token = lifecycle.begin_attempt(session, job.id, PLAN, PRICE, clock.now())
+    attempt, token = lifecycle.begin_attempt(session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now())
     lifecycle.launch_succeeded(session, attempt.id, "i-123", clock.now())
     return attempt, token
 
@@ -57,8 +46,8 @@ def test_attempt_runs_and_books_per_second_spend(session, job, clock):
     assert job_spent(session, job.id) == 15_300  # the 60 s minimum: 0.918 * 60 / 3600
     clock.advance(3570)
     lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)
-    assert job_spent(session, job.id) == PRICE  # exactly one hour
-    assert job_reserved(session, job.id) == max(held - PRICE, 0)
+    assert job_spent(session, job.id) == SPOT_PRICE  # exactly one hour
+    assert job_reserved(session, job.id) == max(held - SPOT_PRICE, 0)
 
 
 def test_ledger_equals_billed_seconds_times_price(session, job, clock):
@@ -70,7 +59,7 @@ def test_ledger_equals_billed_seconds_times_price(session, job, clock):
     assert [t.instance_id for t in ended] == ["i-123"]
     attempt = session.get(Attempt, attempt.id)
     assert attempt.billed_seconds == 1357
-    assert job_spent(session, job.id) == -(-PRICE * 1357 // 3600)
+    assert job_spent(session, job.id) == -(-SPOT_PRICE * 1357 // 3600)
     assert job_reserved(session, job.id) == 0
 
 
@@ -84,7 +73,7 @@ def test_preemption_falls_back_to_latest_checkpoint(session, job, clock):
     assert reloaded.work_done == 1000 and reloaded.checkpointed_work == 1000
     assert lifecycle.latest_checkpoint(session, job.id).object_key == "ckpt/1000"
     second, _ = lifecycle.begin_attempt(
-        session, job.id, {**PLAN, "zone": "use1-az2"}, PRICE, clock.now()
+        session, job.id, {**SPOT_PLAN, "zone": "use1-az2"}, SPOT_PRICE, clock.now()
     )
     assert second.work_at_start == 1000
 
@@ -117,7 +106,7 @@ def test_budget_exhausted_stops_before_overspending(session, job, clock):
 
 def test_capacity_failures_in_a_row_fail_the_job(session, job, clock):
     for _ in range(lifecycle.MAX_LAUNCH_FAILURES):
-        attempt, _ = lifecycle.begin_attempt(session, job.id, PLAN, PRICE, clock.now())
+        attempt, _ = lifecycle.begin_attempt(session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now())
         lifecycle.launch_failed(session, attempt.id, "capacity", clock.now())
     reloaded = session.get(Job, job.id)
     assert reloaded.status == "failed"
@@ -126,11 +115,11 @@ def test_capacity_failures_in_a_row_fail_the_job(session, job, clock):
 
 def test_second_live_attempt_is_refused(session, job, clock):
     _running(session, job, clock)
-    assert lifecycle.begin_attempt(session, job.id, PLAN, PRICE, clock.now()) is None
+    assert lifecycle.begin_attempt(session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now()) is None
 
 
 def test_launch_finishing_after_cancel_hands_back_instance(session, job, clock):
-    attempt, _ = lifecycle.begin_attempt(session, job.id, PLAN, PRICE, clock.now())
+    attempt, _ = lifecycle.begin_attempt(session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now())
     lifecycle.stop(session, job.id, JobStatus.CANCELLED, "test", clock.now())
     ended = lifecycle.launch_succeeded(session, attempt.id, "i-late", clock.now())
     assert [t.instance_id for t in ended] == ["i-late"]
@@ -157,7 +146,9 @@ def test_spend_passing_the_alert_threshold_logs_one_warning(session, clock, capl
     team = create_team(session, "alerted", 300_000_000, "month", 0.1, clock.now())  # $300, 10 %
     spec = JobSpec.model_validate(job_spec(max_cost="250.00"))
     job, _ = admission.submit(session, team.id, spec, clock.now())
-    attempt, _ = lifecycle.begin_attempt(session, job.id, PLAN, 10_000_000, clock.now())  # $10/h
+    attempt, _ = lifecycle.begin_attempt(
+        session, job.id, SPOT_PLAN, 10_000_000, clock.now()
+    )  # $10/h
     lifecycle.launch_succeeded(session, attempt.id, "i-9", clock.now())
     caplog.set_level("WARNING", logger="broker.lifecycle")
     for _ in range(6):  # $10 per step: the $30 threshold is crossed at the third
@@ -170,7 +161,7 @@ def test_spend_passing_the_alert_threshold_logs_one_warning(session, clock, capl
 
 def test_a_repeated_launch_of_the_same_attempt_keeps_it_running(session, job, clock):
     # Two workers finishing the same interrupted launch: the token found the same instance.
-    attempt, _ = lifecycle.begin_attempt(session, job.id, PLAN, PRICE, clock.now())
+    attempt, _ = lifecycle.begin_attempt(session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now())
     assert lifecycle.launch_succeeded(session, attempt.id, "i-7", clock.now()) == []
     assert lifecycle.launch_succeeded(session, attempt.id, "i-7", clock.now()) == []
     again = session.get(Attempt, attempt.id)

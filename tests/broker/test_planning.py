@@ -15,18 +15,7 @@ from broker.models import Job, ThroughputCorrection
 from broker.planning import get_planning, quote_job
 from broker.spec import JobSpec
 from broker.teams import create_team
-from tests.helpers import job_spec
-
-PLAN = {
-    "provider": "aws",
-    "region": "us-east-1",
-    "zone": "use1-az1",
-    "instance_type": "p3.2xlarge",
-    "gpu": "V100",
-    "gpu_count": 1,
-    "market": "spot",
-}
-PRICE = 918_000
+from tests.helpers import SPOT_PLAN, SPOT_PRICE, job_spec
 
 
 @pytest.fixture
@@ -42,8 +31,8 @@ def _submit(session, clock, budget: int = 1_000_000_000, **overrides):  # type: 
     return job
 
 
-def _running(session, job, clock, price=PRICE):  # type: ignore[no-untyped-def]
-    attempt, token = lifecycle.begin_attempt(session, job.id, PLAN, price, clock.now())
+def _running(session, job, clock, price=SPOT_PRICE):  # type: ignore[no-untyped-def]
+    attempt, token = lifecycle.begin_attempt(session, job.id, SPOT_PLAN, price, clock.now())
     lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now())
     return attempt, token
 
@@ -141,7 +130,7 @@ def test_relaunch_tops_up_the_reservation_to_the_new_plans_worst_case(session, c
     job = _submit(session, clock)
     held = job_reserved(session, job.id)
     lifecycle.begin_attempt(
-        session, job.id, PLAN, PRICE, clock.now(), reserve_up_to=held + 1_000_000
+        session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now(), reserve_up_to=held + 1_000_000
     )
     assert job_reserved(session, job.id) == held + 1_000_000
 
@@ -154,6 +143,6 @@ def test_top_up_beyond_the_team_budget_is_refused(session, clock):
     job = _submit(session, clock, budget=team_budget, max_cost="250.00")
     with pytest.raises(BudgetExceeded):
         lifecycle.begin_attempt(
-            session, job.id, PLAN, PRICE, clock.now(), reserve_up_to=team_budget * 2
+            session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now(), reserve_up_to=team_budget * 2
         )
     assert session.get(Job, job.id).status == "queued"

@@ -8,152 +8,34 @@ server). With it: PostgreSQL + RabbitMQ and PostgreSQL + Redis (skipped when abs
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
-from datetime import timedelta
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlmodel import Session, select
 
-from broker.jobs import TERMINAL
-from tests.helpers import drop_postgres, fresh_postgres, reachable
+from tests.e2e.support import (
+    PG_BASE,
+    Api,
+    assert_ledger_matches_attempts,
+    assert_no_instance_left,
+    backend_stack,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-SCALE = 1200.0
-
-
-PG_BASE = os.environ.get("BROKER_TEST_DATABASE_URL")
 STACKS = ["postgres+rabbitmq", "postgres+redis"] if PG_BASE else ["sqlite+embedded"]
 
 
 @pytest.fixture(scope="module", params=STACKS)
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    from broker.localstack import EmbeddedStack
-
     kind = request.param
-    database_url = celery_url = None
-    created = None
-    queue = f"broker-test-{secrets.token_hex(4)}"
-    if kind != "sqlite+embedded":
-        assert PG_BASE is not None
-        if kind.endswith("rabbitmq"):
-            if not reachable(5672):
-                pytest.skip("RabbitMQ is not running on 127.0.0.1:5672")
-            celery_url = "amqp://guest:guest@127.0.0.1:5672//"
-        else:
-            if not reachable(6379):
-                pytest.skip("Redis is not running on 127.0.0.1:6379")
-            celery_url = "redis://127.0.0.1:6379/0"
-        database_url, created = fresh_postgres(PG_BASE)
     folder = tmp_path_factory.mktemp(kind.replace("+", "-"))
-    stack = EmbeddedStack(
-        folder,
-        scale=SCALE,
-        tick_seconds=1.0,
-        reconcile_seconds=3.0,
-        database_url=database_url,
-        celery_broker_url=celery_url,
-        extra_env={"BROKER_CELERY_QUEUE": queue},
-    )
-    with stack:
+    with backend_stack(folder, celery=kind.split("+")[1]) as (stack, _url):
         yield stack
-    if created:
-        drop_postgres(PG_BASE, created)
-
-
-class Api:
-    """A team's view of the stack's API."""
-
-    def __init__(self, stack: Any, limit: str = "1000.00") -> None:
-        self.stack = stack
-        self.http = httpx.Client(base_url=stack.api_url, timeout=30)
-        admin = {"Authorization": f"Bearer {stack.admin_token}"}
-        body = {
-            "name": f"e2e-{secrets.token_hex(3)}",
-            "budget": {"limit": limit, "period": "month"},
-        }
-        team = self.http.post("/v1/teams", json=body, headers=admin)
-        assert team.status_code == 201, team.text
-        self.team = team.json()
-        key = self.http.post(
-            f"/v1/teams/{self.team['id']}/keys", json={"name": "e2e"}, headers=admin
-        )
-        self.headers = {"Authorization": f"Bearer {key.json()['token']}"}
-
-    def spec(self, hours: float = 2.0, deadline_hours: float = 10.0, **extra: Any) -> dict:
-        from broker import clock
-
-        spec = {
-            "name": f"job-{secrets.token_hex(3)}",
-            "workload": {"reference_gpu_hours": hours},
-            "resources": {"gpus": 1, "gpu_types": ["V100"]},
-            "deadline": (clock.now() + timedelta(hours=deadline_hours)).isoformat(),
-            "max_cost": "60.00",
-            "checkpoint": {"interval_minutes": 30, "size_gb": 5},
-        }
-        spec.update(extra)
-        return spec
-
-    def quote(self, spec: dict) -> dict:
-        response = self.http.post("/v1/quotes", json=spec, headers=self.headers)
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def submit(self, spec: dict) -> dict:
-        response = self.http.post("/v1/jobs", json=spec, headers=self.headers)
-        assert response.status_code == 201, response.text
-        return response.json()
-
-    def job(self, job_id: str) -> dict:
-        response = self.http.get(f"/v1/jobs/{job_id}", headers=self.headers)
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def wait(self, job_id: str, until: Callable[[dict], bool], timeout: float = 120.0) -> dict:
-        deadline = time.monotonic() + timeout
-        job = self.job(job_id)
-        while not until(job):
-            assert self.stack.worker_alive(), "the Celery worker died; see worker.log"
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"timed out; job is {job['status']} ({job['status_reason']}), "
-                    f"progress {job['progress']}"
-                )
-            time.sleep(0.3)
-            job = self.job(job_id)
-        return job
-
-    def finish(self, job_id: str, timeout: float = 120.0) -> dict:
-        return self.wait(job_id, lambda j: j["status"] in TERMINAL, timeout)
-
-
-def _engine():  # type: ignore[no-untyped-def]
-    from broker.db import get_engine
-
-    return get_engine()
-
-
-def assert_ledger_matches_attempts(job_id: str) -> None:
-    """Spend booked for the job == sum over attempts of billed seconds x price, exactly."""
-    from broker.ledger import job_reserved, job_spent
-    from broker.models import Attempt
-    from broker.money import cost_micros
-
-    with Session(_engine()) as session:
-        attempts = session.exec(select(Attempt).where(Attempt.job_id == job_id)).all()
-        for attempt in attempts:
-            assert attempt.status == "ended"
-            assert attempt.cost_micros == cost_micros(
-                attempt.price_micros_per_hour, attempt.billed_seconds
-            )
-        assert job_spent(session, job_id) == sum(a.cost_micros for a in attempts)
-        assert job_reserved(session, job_id) == 0
 
 
 def set_spot(stack: Any, plan: dict, available: bool | None) -> None:
@@ -165,13 +47,6 @@ def set_spot(stack: Any, plan: dict, available: bool | None) -> None:
 
         zone = AwsProvider.from_settings(get_settings()).resolve_zone(plan["region"], zone)
     stack.cloud.market.set_available(plan["provider"], zone, "*", available)
-
-
-def assert_no_instance_left(stack: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (left := stack.running_instances()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert left == []
 
 
 def test_job_succeeds_and_its_ledger_equals_billed_seconds_times_price(stack: Any) -> None:
@@ -190,6 +65,7 @@ def test_job_succeeds_and_its_ledger_equals_billed_seconds_times_price(stack: An
 
 
 def test_preemption_resumes_from_the_latest_checkpoint(stack: Any) -> None:
+    from broker.db import get_engine
     from broker.models import Attempt
 
     api = Api(stack)
@@ -204,7 +80,7 @@ def test_preemption_resumes_from_the_latest_checkpoint(stack: Any) -> None:
         set_spot(stack, first, None)
     done = api.finish(job["id"])
     assert done["status"] == "succeeded", done
-    with Session(_engine()) as session:
+    with Session(get_engine()) as session:
         attempts = session.exec(
             select(Attempt).where(Attempt.job_id == job["id"]).order_by(Attempt.id)
         ).all()
@@ -220,6 +96,7 @@ def test_preemption_resumes_from_the_latest_checkpoint(stack: Any) -> None:
 
 
 def test_capacity_error_in_one_zone_moves_to_the_next_plan(stack: Any) -> None:
+    from broker.db import get_engine
     from broker.models import Attempt
 
     api = Api(stack)
@@ -232,7 +109,7 @@ def test_capacity_error_in_one_zone_moves_to_the_next_plan(stack: Any) -> None:
     finally:
         set_spot(stack, best, None)
     assert done["status"] == "succeeded", done
-    with Session(_engine()) as session:
+    with Session(get_engine()) as session:
         attempts = session.exec(
             select(Attempt).where(Attempt.job_id == job["id"]).order_by(Attempt.id)
         ).all()

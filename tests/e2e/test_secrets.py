@@ -13,89 +13,20 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-import os
 import re
-import secrets
 import time
-from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 from sqlmodel import Session, select
 
-from broker.jobs import TERMINAL
-from tests.helpers import drop_postgres, fresh_postgres
+from tests.e2e.support import Api, backend_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 REDACTED = "[redacted]"
 # base64 runs long enough to carry a token (user data is base64 on EC2).
 _BASE64 = re.compile(r"[A-Za-z0-9+/]{40,}={0,2}")
-
-
-class Api:
-    """A team's view of the stack's API (the admin creates the team and its key)."""
-
-    def __init__(self, stack: Any) -> None:
-        self.stack = stack
-        self.http = httpx.Client(base_url=stack.api_url, timeout=30)
-        admin = {"Authorization": f"Bearer {stack.admin_token}"}
-        body = {"name": f"secrets-{secrets.token_hex(3)}", "budget": {"limit": "1000.00"}}
-        team = self.http.post("/v1/teams", json=body, headers=admin)
-        assert team.status_code == 201, team.text
-        key = self.http.post(
-            f"/v1/teams/{team.json()['id']}/keys", json={"name": "e2e"}, headers=admin
-        )
-        assert key.status_code == 201, key.text
-        self.key = key.json()["token"]
-        self.headers = {"Authorization": f"Bearer {self.key}"}
-
-    def spec(self, hours: float, deadline_hours: float) -> dict:
-        from broker import clock
-
-        return {
-            "name": f"job-{secrets.token_hex(3)}",
-            "workload": {"reference_gpu_hours": hours},
-            "resources": {"gpus": 1, "gpu_types": ["V100"]},
-            "deadline": (clock.now() + timedelta(hours=deadline_hours)).isoformat(),
-            "max_cost": "100.00",
-            "checkpoint": {"interval_minutes": 30, "size_gb": 5},
-        }
-
-    def submit(self, spec: dict) -> dict:
-        response = self.http.post("/v1/jobs", json=spec, headers=self.headers)
-        assert response.status_code == 201, response.text
-        return response.json()
-
-    def job(self, job_id: str) -> dict:
-        response = self.http.get(f"/v1/jobs/{job_id}", headers=self.headers)
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def wait(self, job_id: str, status: set[str], timeout: float = 120.0) -> dict:
-        deadline = time.monotonic() + timeout
-        job = self.job(job_id)
-        while job["status"] not in status:
-            assert self.stack.worker_alive(), "the Celery worker died; see worker.log"
-            assert time.monotonic() < deadline, f"timed out; job is {job['status']}"
-            time.sleep(0.3)
-            job = self.job(job_id)
-        return job
-
-
-@pytest.fixture
-def database_url() -> Iterator[str | None]:
-    """The suite's database choice: a fresh PostgreSQL database, or the stack's SQLite."""
-    base = os.environ.get("BROKER_TEST_DATABASE_URL")
-    if not base:
-        yield None
-        return
-    url, name = fresh_postgres(base)
-    yield url
-    drop_postgres(base, name)
 
 
 _SIGNING_HEADER = re.compile(r"'Authorization': b'\[redacted\]'")
@@ -122,29 +53,19 @@ def _where(lines: list[str], tokens: dict[str, str]) -> list[str]:
     return [line[:300] for line in lines if _leaks(line, tokens)][:5]
 
 
-def test_tokens_never_appear_in_logs(
-    tmp_path: Path, database_url: str | None, caplog: pytest.LogCaptureFixture
-) -> None:
-    from broker.localstack import EmbeddedStack
+def test_tokens_never_appear_in_logs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from broker.models import Attempt
     from broker.runner import agent_token
 
     caplog.set_level(logging.DEBUG)
-    stack = EmbeddedStack(
-        tmp_path / "stack",
-        scale=1200.0,
-        tick_seconds=1.0,
-        reconcile_seconds=3.0,
-        database_url=database_url,
-        log_level="info",
-    )
-    with stack:
+    with backend_stack(tmp_path / "stack", celery="filesystem", log_level="info") as (stack, _):
         api = Api(stack)
-        done = api.wait(api.submit(api.spec(hours=2.0, deadline_hours=10.0))["id"], TERMINAL)
+        spec = api.spec(hours=2.0, deadline_hours=10.0, max_cost="100.00")
+        done = api.finish(api.submit(spec)["id"])
         assert done["status"] == "succeeded", done
 
-        job = api.submit(api.spec(hours=20.0, deadline_hours=40.0))
-        running = api.wait(job["id"], {"running"})
+        job = api.submit(api.spec(hours=20.0, deadline_hours=40.0, max_cost="100.00"))
+        running = api.wait(job["id"], lambda j: j["status"] == "running")
         instance = running["attempts"][-1]["instance_id"]
         cancel = api.http.post(f"/v1/jobs/{job['id']}/cancel", headers=api.headers)
         assert cancel.status_code == 202, cancel.text

@@ -7,12 +7,8 @@
 
 from __future__ import annotations
 
-import os
-import secrets
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,40 +17,17 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
-from sqlmodel import Session, select
 
 from broker.jobs import TERMINAL
-from tests.helpers import drop_postgres, fresh_postgres, reachable
+from tests.e2e.support import (
+    PG_BASE,
+    Api,
+    assert_ledger_matches_attempts,
+    assert_no_instance_left,
+    backend_stack,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
-
-PG_BASE = os.environ.get("BROKER_TEST_DATABASE_URL")
-
-
-@contextmanager
-def _stack(folder: Path, **options: Any) -> Iterator[tuple[Any, str | None]]:
-    from broker.localstack import EmbeddedStack
-
-    database_url = celery_url = created = None
-    if PG_BASE:
-        if not reachable(5672):
-            pytest.skip("RabbitMQ is not running on 127.0.0.1:5672")
-        celery_url = "amqp://guest:guest@127.0.0.1:5672//"
-        database_url, created = fresh_postgres(PG_BASE)
-    stack = EmbeddedStack(
-        folder,
-        scale=1200.0,
-        tick_seconds=1.0,
-        reconcile_seconds=3.0,
-        database_url=database_url,
-        celery_broker_url=celery_url,
-        extra_env={"BROKER_CELERY_QUEUE": f"broker-trouble-{secrets.token_hex(4)}"},
-        **options,
-    )
-    with stack:
-        yield stack, database_url
-    if created:
-        drop_postgres(PG_BASE, created)
 
 
 def _run_jobs(
@@ -66,15 +39,8 @@ def _run_jobs(
     """
     from broker import clock
 
-    http = httpx.Client(base_url=stack.api_url, timeout=30)
-    admin = {"Authorization": f"Bearer {stack.admin_token}"}
-    team = http.post(
-        "/v1/teams",
-        json={"name": f"t-{secrets.token_hex(3)}", "budget": {"limit": "900.00"}},
-        headers=admin,
-    ).json()
-    key = http.post(f"/v1/teams/{team['id']}/keys", json={"name": "k"}, headers=admin).json()
-    headers = {"Authorization": f"Bearer {key['token']}"}
+    api = Api(stack, limit="900.00")
+    http, headers = api.http, api.headers
     ids = []
     for i in range(count):
         spec = {
@@ -84,9 +50,7 @@ def _run_jobs(
             "deadline": (clock.now() + timedelta(hours=14)).isoformat(),
             "max_cost": "80.00",
         }
-        response = http.post("/v1/jobs", json=spec, headers=headers)
-        assert response.status_code == 201, response.text
-        ids.append(response.json()["id"])
+        ids.append(api.submit(spec)["id"])
     deadline = time.monotonic() + timeout
     while True:
         jobs = []
@@ -110,27 +74,13 @@ def _run_jobs(
 
 def _assert_settled(stack: Any, jobs: list[dict]) -> None:
     """Spend booked exactly, nothing reserved, and no instance left after a reconcile."""
-    from broker.db import get_engine
-    from broker.ledger import job_reserved, job_spent
-    from broker.models import Attempt
-    from broker.money import cost_micros
-
-    with Session(get_engine()) as session:
-        for job in jobs:
-            attempts = session.exec(select(Attempt).where(Attempt.job_id == job["id"])).all()
-            assert all(a.status == "ended" for a in attempts)
-            for a in attempts:
-                assert a.cost_micros == cost_micros(a.price_micros_per_hour, a.billed_seconds)
-            assert job_spent(session, job["id"]) == sum(a.cost_micros for a in attempts)
-            assert job_reserved(session, job["id"]) == 0
-    deadline = time.monotonic() + 30
-    while (left := stack.running_instances()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert left == []
+    for job in jobs:
+        assert_ledger_matches_attempts(job["id"])
+    assert_no_instance_left(stack, timeout=30.0)
 
 
 def test_jobs_finish_when_a_fifth_of_cloud_calls_fail(tmp_path: Path) -> None:
-    with _stack(tmp_path / "faults", fault_rate=0.2) as (stack, _url):
+    with backend_stack(tmp_path / "faults", fault_rate=0.2) as (stack, _url):
         jobs = _run_jobs(stack, 4)
         assert all(j["status"] == "succeeded" for j in jobs), [j["status_reason"] for j in jobs]
         assert stack.cloud.faults.total_injected > 20
@@ -140,7 +90,7 @@ def test_jobs_finish_when_a_fifth_of_cloud_calls_fail(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not PG_BASE, reason="kills PostgreSQL backends; needs BROKER_TEST_DATABASE_URL")
 def test_jobs_finish_when_database_connections_are_killed(tmp_path: Path) -> None:
-    with _stack(tmp_path / "pg-kill") as (stack, url):
+    with backend_stack(tmp_path / "pg-kill") as (stack, url):
         assert url is not None
         name = make_url(url).database
         admin = create_engine(PG_BASE or "", isolation_level="AUTOCOMMIT")
