@@ -27,6 +27,7 @@ import numpy as np
 
 from broker.optimal import optimal_costs
 from broker.policy_batch import BATCH_POLICIES
+from broker.sim_history import start_plans
 from broker.simulate import JobSpec, Ticks, simulate_runs, start_offsets, zone_matrix
 from pricing.traces import Trace, bundled_traces
 
@@ -72,6 +73,7 @@ def main() -> None:
     vs_up: dict[tuple[str, str], list[np.ndarray]] = defaultdict(list)
     misses: dict[tuple[str, str], int] = defaultdict(int)
     sim_seconds, sim_jobs, dp_seconds = 0.0, 0, 0.0
+    plan_seconds, plan_count = 0.0, 0  # the broker's spot plans: one per job and refit day
     for name, zones in scenarios(traces):
         scope = "single" if len(zones) == 1 else "multi"
         matrix, gap = zone_matrix(zones)
@@ -85,10 +87,16 @@ def main() -> None:
         began = time.perf_counter()
         best = [optimal_costs(matrix, offsets, ticks, job) for ticks, job in runs]
         dp_seconds += time.perf_counter() - began
+        began = time.perf_counter()
+        plans = start_plans(matrix, offsets, gap / 3600.0, runs)
+        plan_seconds += time.perf_counter() - began
+        plan_count += len(runs) * len(plans[0][0].want[0])
         costs: dict[str, list[np.ndarray]] = {}
         for policy in POLICIES:
             began = time.perf_counter()
-            results = simulate_runs(BATCH_POLICIES[policy], matrix, offsets, runs, labels)
+            results = simulate_runs(
+                BATCH_POLICIES[policy], matrix, offsets, runs, labels, plans=plans
+            )
             sim_seconds += time.perf_counter() - began
             sim_jobs += len(offsets) * len(runs)
             costs[policy] = [r.cost for r in results]
@@ -133,7 +141,8 @@ def main() -> None:
     speed = sim_jobs / sim_seconds
     print(
         f"simulator: {speed:,.0f} job-traces/s on one core ({sim_jobs} runs, "
-        f"{sim_seconds:.1f} s); optimal DP {dp_seconds:.1f} s"
+        f"{sim_seconds:.1f} s); optimal DP {dp_seconds:.1f} s; broker's spot plans "
+        f"{plan_count} ({plan_seconds:.1f} s, {plan_seconds / plan_count:.3f} s each)"
     )
     print(
         json.dumps(
@@ -143,6 +152,8 @@ def main() -> None:
                 "summary": summary,
                 "job_traces_per_second": speed,
                 "optimal_dp_seconds": dp_seconds,
+                "broker_plans": plan_count,
+                "broker_plan_seconds": plan_seconds,
             }
         )
     )

@@ -241,13 +241,14 @@ class Planning:
     def steer(
         self, session: Session, job: Job, attempt: Attempt, now: datetime, tick_hours: float
     ) -> Steer:
-        """Keep a running attempt, or move it to on-demand because the deadline is close.
+        """Keep a running attempt, or move it to on-demand when the plan or the deadline says so.
 
-        ``policy.broker`` keeps a spot instance until it is preempted: in the simulator
-        progress is exactly as planned, so its slack never shrinks on spot. Live, a slower
-        GPU than predicted, or work since the last checkpoint that a preemption would lose,
-        does shrink it, so a spot attempt whose slack (from the latest checkpoint) no longer
-        covers one restart plus a tick moves to on-demand now, while it still can.
+        ``policy.decide`` (the ``broker`` policy the simulator measures) may move a spot job
+        to on-demand. In the simulator progress is exactly as planned, so a spot job's slack
+        never shrinks while it runs. Live, a slower GPU than predicted, or work since the
+        last checkpoint that a preemption would lose, does shrink it, so a spot attempt whose
+        slack (from the latest checkpoint) no longer covers one restart plus a tick moves to
+        on-demand now, while it still can.
         """
         if attempt.market != "spot" or job.market == "spot":
             return "continue"
@@ -256,7 +257,8 @@ class Planning:
             return "continue"
         if state.slack_hours - state.tick_hours < state.restart_hours:
             return "on_demand"
-        return "continue"
+        decision = policy.decide(state)
+        return "on_demand" if decision.action == policy.Action.ON_DEMAND else "continue"
 
     def _rate(self, session: Session, job: Job, gpu: str, count: int) -> float:
         spec = JobSpec.model_validate(job.spec)

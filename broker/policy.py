@@ -34,6 +34,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
+from functools import lru_cache
+
+import numpy as np
+
+from broker.spot_mdp import SpotPlan, plan_step_hours, solve
+from broker.spot_model import chain_state, fit_chain
 
 EPS = 1e-9  # hours; float noise on tick multiples, far below one tick
 PRIOR_HOURS = 24.0  # weight of the prior in availability estimates
@@ -65,12 +71,16 @@ class Decision:
 
 @dataclass(frozen=True)
 class ZoneHistory:
-    """Spot seen in one zone: hours observed, hours available, available windows begun."""
+    """Spot seen in one zone: hours observed, hours available, available windows begun, the
+    lengths of the windows and outages that ended, and how long the current one has lasted."""
 
     observed_hours: float = 0.0
     available_hours: float = 0.0
     windows: int = 0
     last_available: bool = False
+    up_runs: tuple[float, ...] = ()
+    down_runs: tuple[float, ...] = ()
+    age_hours: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -82,11 +92,16 @@ class AvailabilityHistory:
     def observe(self, zone: str, available: bool, hours: float) -> AvailabilityHistory:
         """The history after seeing ``zone`` available (or not) for ``hours``."""
         seen = self.zones.get(zone, ZoneHistory())
+        same = available == seen.last_available
+        ended = () if same or seen.age_hours <= 0 else (seen.age_hours,)
         updated = ZoneHistory(
             observed_hours=seen.observed_hours + hours,
             available_hours=seen.available_hours + (hours if available else 0.0),
             windows=seen.windows + int(available and not seen.last_available),
             last_available=available,
+            up_runs=seen.up_runs + (ended if seen.last_available else ()),
+            down_runs=seen.down_runs + (() if seen.last_available else ended),
+            age_hours=seen.age_hours + hours if same else hours,
         )
         return AvailabilityHistory({**self.zones, zone: updated})
 
@@ -129,6 +144,8 @@ class PolicyState:
     spot_price: float = 1.0
     on_demand_price: float = 3.0
     history: AvailabilityHistory = field(default_factory=AvailabilityHistory)
+    plan: SpotPlan | None = None
+    plan_row: int = 0
 
     @property
     def slack_hours(self) -> float:
@@ -208,11 +225,6 @@ def uniform_progress(state: PolicyState) -> Decision:
     return CONTINUE
 
 
-LOOSE_SLACK = 0.2  # slack / time to deadline at the start above which waiting for spot pays
-AHEAD_HOURS = 1.0  # lead over the forecast before leaving on-demand to wait for spot
-CHEAP_RESTART = 0.25  # restart / mean spot window below which tracking progress pays
-
-
 def _best_spot_zone(state: PolicyState) -> str | None:
     """The obtainable zone whose spot windows have lasted longest (first on ties)."""
     best, best_window = None, -1.0
@@ -223,47 +235,96 @@ def _best_spot_zone(state: PolicyState) -> str | None:
     return best
 
 
-def broker(state: PolicyState) -> Decision:
-    """Ours: spot in the zone with the longest windows; on-demand only when history says so.
+def spot_now(obtainable: np.ndarray, age_hours: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Spot in any of the zones (Z, ...): obtainable or not, and for how long so far.
 
-    Tight jobs run on-demand while the work left exceeds the spot the history predicts for
-    the time left (availability x hours). Loose jobs follow Uniform Progress when a restart
-    is cheap next to the spot windows the history shows (its on-demand <-> spot switches
-    then cost little), else wait for spot until they must. Both leave on-demand for spot
-    when the zone's windows outlast the switch's break-even.
+    Up: the oldest window among the zones that have one; down: the youngest outage (the time
+    since any zone last had spot). Works on arrays.
+    """
+    up = obtainable.any(axis=0)
+    up_age = np.where(obtainable, age_hours, 0.0).max(axis=0)
+    down_age = np.where(obtainable, np.inf, age_hours).min(axis=0)
+    return up, np.where(up, up_age, down_age)
+
+
+def broker(state: PolicyState) -> Decision:
+    """Ours: hold what the expected-cost plan (``broker.spot_mdp``) says for this state.
+
+    The plan is solved on a semi-Markov model of spot availability fitted to the history
+    (``state.plan``, or solved here from ``state.history`` when none is given); it weighs
+    what a window of this age will likely still give against the restarts it costs, and
+    keeps every state able to finish on on-demand. The Safety Net Rule stays on top (the
+    plan's steps round the job's times): a job that can wait no longer neither drops its
+    instance nor stays idle.
     """
     if state.work_left_hours <= EPS:
         return STOP
-    loose = state.hours_total - state.work_total_hours >= LOOSE_SLACK * state.hours_total
-    window = max((state.history.mean_window_hours(z) for z in state.zones), default=0.0)
-    if loose and state.restart_hours <= CHEAP_RESTART * window:
-        return uniform_progress(state)
-    if state.instance is Instance.SPOT:
-        return CONTINUE
-    zone = _best_spot_zone(state)
-    must = _cannot_wait(state)
-    supply = max((state.history.availability(z) for z in state.zones), default=0.0) * (
-        state.hours_to_deadline - state.tick_hours
+    if state.instance is not Instance.NONE and state.restart_left_hours > EPS:
+        return CONTINUE  # a start under way is paid for: see it through
+    plan, row = (state.plan, state.plan_row) if state.plan else (plan_for(state), 0)
+    seen = [state.history.zones.get(z, ZoneHistory()) for z in state.zones]
+    obtainable = np.array(state.spot_obtainable, bool)
+    # an age counts only for the state it was seen in (live, a zone's news may be stale)
+    ages = [
+        h.age_hours if h.last_available == o else 0.0 for h, o in zip(seen, obtainable, strict=True)
+    ]
+    up, age = spot_now(obtainable, np.array(ages))
+    want = int(
+        plan.lookup(
+            np.array(row),
+            np.array(state.hours_total - state.hours_to_deadline),
+            np.array(state.work_total_hours - state.work_left_hours),
+            np.array(int(state.instance)),
+            chain_state(up, age, plan.step_hours, plan.edges),
+        )
     )
+    zone = _best_spot_zone(state)
+    spot_ok = zone is not None and _spot_is_safe(state)
+    must = _cannot_wait(state)
+    if state.instance is Instance.SPOT:
+        if want == Instance.ON_DEMAND:
+            return ON_DEMAND
+        return WAIT if want == Instance.NONE and not must else CONTINUE
     if state.instance is Instance.ON_DEMAND:
-        if must:
+        if must or want < 0:
             return CONTINUE
-        if zone is not None and _spot_is_safe(state) and _worth_switching(state, zone):
+        if want == Instance.SPOT and spot_ok:
             return Decision(Action.SPOT, zone)
-        if zone is None and state.work_left_hours + AHEAD_HOURS < supply:
-            return WAIT
-        return CONTINUE
-    if zone is not None and _spot_is_safe(state):
+        return WAIT if want == Instance.NONE else CONTINUE
+    if want == Instance.SPOT and spot_ok:
         return Decision(Action.SPOT, zone)
-    if must or (not loose and state.work_left_hours > supply):
-        return ON_DEMAND
-    return CONTINUE
+    return ON_DEMAND if must or want in (-1, Instance.ON_DEMAND) else CONTINUE
 
 
-def _worth_switching(state: PolicyState, zone: str) -> bool:
-    """On-demand -> spot -> on-demand costs two restarts; pays if the window outlasts that."""
-    k = state.on_demand_price / state.spot_price
-    return state.history.mean_window_hours(zone) * (k - 1) > 2 * k * state.restart_hours
+def plan_for(state: PolicyState) -> SpotPlan:
+    """The job's plan on a chain fitted to the windows and outages seen in its zones."""
+    seen = [state.history.zones.get(z, ZoneHistory()) for z in state.zones]
+    step = plan_step_hours(state.tick_hours, state.hours_total)
+    return _cached_plan(
+        tuple(sorted(r for h in seen for r in h.up_runs)),
+        tuple(sorted(r for h in seen for r in h.down_runs)),
+        step,
+        math.ceil(state.work_total_hours / step - 1e-9),
+        math.floor(state.hours_total / step + 1e-9),
+        math.ceil(state.restart_hours / step - 1e-9),
+        state.spot_price,
+        state.on_demand_price,
+    )
+
+
+@lru_cache(maxsize=8)  # a plan is up to tens of MB
+def _cached_plan(
+    up_runs: tuple[float, ...],
+    down_runs: tuple[float, ...],
+    step: float,
+    work: int,
+    deadline: int,
+    restart: int,
+    spot_price: float,
+    on_demand_price: float,
+) -> SpotPlan:
+    chain = fit_chain(up_runs, down_runs, step)
+    return solve([chain], work, max(deadline, work), restart, spot_price, on_demand_price)
 
 
 POLICIES: dict[str, Policy] = {

@@ -13,18 +13,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker.policy import (
-    AHEAD_HOURS,
-    CHEAP_RESTART,
     EPS,
-    LOOSE_SLACK,
     Action,
     AvailabilityHistory,
     Instance,
     PolicyState,
     ZoneHistory,
-    availability_estimate,
+    spot_now,
     window_estimate,
 )
+from broker.spot_mdp import SpotPlan
+from broker.spot_model import chain_state
 
 
 @dataclass
@@ -48,6 +47,11 @@ class BatchState:
     windows: np.ndarray
     last_available: np.ndarray
     zones: tuple[str, ...]
+    age_hours: np.ndarray | None = None  # (Z, B) how long each zone's state has lasted
+    # the ``broker`` policy's plans: job b follows chain plan_row[b] of plans[plan_of[b]]
+    plans: tuple[SpotPlan, ...] = ()
+    plan_of: np.ndarray | None = None
+    plan_row: np.ndarray | None = None
 
     @property
     def slack_hours(self) -> np.ndarray:
@@ -63,6 +67,7 @@ class BatchState:
                     float(self.available_hours[z, b]),
                     int(self.windows[z, b]),
                     bool(self.last_available[z, b]),
+                    age_hours=float(self.age_hours[z, b]) if self.age_hours is not None else 0.0,
                 )
                 for z, name in enumerate(self.zones)
             }
@@ -82,6 +87,8 @@ class BatchState:
             spot_price=self.spot_price,
             on_demand_price=self.on_demand_price,
             history=history,
+            plan=self.plans[int(self.plan_of[b])] if self.plan_of is not None else None,
+            plan_row=int(self.plan_row[b]) if self.plan_row is not None else 0,
         )
 
 
@@ -153,34 +160,56 @@ def uniform_progress_batch(s: BatchState) -> BatchDecision:
 
 
 def broker_batch(s: BatchState) -> BatchDecision:
+    """``policy.broker``; needs ``s.plans`` (the simulator solves them before the jobs start)."""
+    if s.plan_of is None or s.plan_row is None or s.age_hours is None:
+        raise ValueError("the broker policy needs plans and the zones' ages")
+    ages = np.where(s.last_available == s.spot_obtainable, s.age_hours, 0.0)
+    up, age = spot_now(s.spot_obtainable, ages)
+    elapsed = s.hours_total - s.hours_to_deadline
+    done = s.work_total_hours - s.work_left_hours
+    want = np.full(len(up), -1, np.int64)
+    for k, plan in enumerate(s.plans):
+        on = s.plan_of == k
+        want[on] = plan.lookup(
+            s.plan_row[on],
+            elapsed[on],
+            done[on],
+            s.instance[on].astype(np.int64),
+            chain_state(up[on], age[on], plan.step_hours, plan.edges),
+        )
     window = window_estimate(s.available_hours, s.windows)  # (Z, B)
-    score = np.where(s.spot_obtainable, window, -1.0)
-    zone = np.where(s.spot_obtainable.any(axis=0), score.argmax(axis=0), -1)
-    has_zone = zone >= 0
+    zone = np.where(
+        s.spot_obtainable.any(axis=0), np.where(s.spot_obtainable, window, -1.0).argmax(axis=0), -1
+    )
+    spot_ok = (zone >= 0) & spot_is_safe(s)
     must = cannot_wait(s)
-    safe = spot_is_safe(s)
-    availability = availability_estimate(s.available_hours, s.observed_hours).max(axis=0)
-    supply = availability * (s.hours_to_deadline - s.tick_hours)
-    loose = s.hours_total - s.work_total_hours >= LOOSE_SLACK * s.hours_total
-    k = s.on_demand_price / s.spot_price
-    zone_window = np.take_along_axis(window, np.maximum(zone, 0)[None, :], axis=0)[0]
-    worth = zone_window * (k - 1) > 2 * k * s.restart_hours
-    ahead = ~has_zone & (s.work_left_hours + AHEAD_HOURS < supply)
+    to_spot = (want == Instance.SPOT) & spot_ok
+    spot_action = np.select(
+        [want == Instance.ON_DEMAND, (want == Instance.NONE) & ~must],
+        [Action.ON_DEMAND, Action.WAIT],
+        Action.CONTINUE,
+    )
     od_action = np.select(
-        [must, has_zone & safe & worth, ahead],
+        [must | (want < 0), to_spot, want == Instance.NONE],
         [Action.CONTINUE, Action.SPOT, Action.WAIT],
         Action.CONTINUE,
     )
-    behind = must | (~loose & (s.work_left_hours > supply))
-    idle_action = np.where(
-        has_zone & safe,
-        Action.SPOT,
-        np.where(behind, Action.ON_DEMAND, Action.CONTINUE),
+    idle_action = np.select(
+        [to_spot, must | (want < 0) | (want == Instance.ON_DEMAND)],
+        [Action.SPOT, Action.ON_DEMAND],
+        Action.CONTINUE,
     )
-    action, target = by_instance(s, od_action, idle_action, zone)
-    track = loose & (s.restart_hours <= CHEAP_RESTART * window.max(axis=0))
-    up_action, up_target = uniform_progress_batch(s)
-    return np.where(track, up_action, action), np.where(track, up_target, target)
+    action = np.select(
+        [
+            (s.instance != Instance.NONE) & (s.restart_left_hours > EPS),
+            s.instance == Instance.SPOT,
+            s.instance == Instance.ON_DEMAND,
+        ],
+        [Action.CONTINUE, spot_action, od_action],
+        idle_action,
+    )
+    action = np.where(s.work_left_hours <= EPS, Action.STOP, action)
+    return action.astype(np.int8), np.where(action == Action.SPOT, zone, -1)
 
 
 BATCH_POLICIES: dict[str, BatchPolicy] = {

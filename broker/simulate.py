@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker.policy import Action, Instance
-from broker.policy_batch import BATCH_POLICIES, BatchPolicy, BatchState
+from broker.policy_batch import BATCH_POLICIES, BatchPolicy, BatchState, broker_batch
+from broker.sim_history import prime_history, start_plans
+from broker.spot_mdp import SpotPlan
 from pricing.traces import Trace
-
-HISTORY_HOURS = 7 * 24.0  # what the broker has seen of each zone before the job starts
 
 
 @dataclass(frozen=True)
@@ -88,20 +88,6 @@ def job_windows(available: np.ndarray, offsets: np.ndarray, ticks: int) -> np.nd
     return available[:, index]
 
 
-def prime_history(
-    available: np.ndarray, offsets: np.ndarray, tick_hours: float
-) -> tuple[np.ndarray, ...]:
-    """History arrays (observed, available hours, windows, last) of the HISTORY_HOURS before."""
-    length = available.shape[1]
-    n = min(int(HISTORY_HOURS / tick_hours), length - 1)
-    index = (offsets[:, None] - n + np.arange(n)[None, :]) % length
-    seen = available[:, index]  # (Z, B, n)
-    rises = seen[..., 1:] & ~seen[..., :-1]
-    windows = rises.sum(axis=2) + seen[..., 0]
-    observed = np.full(seen.shape[:2], n * tick_hours)
-    return observed, seen.sum(axis=2) * tick_hours, windows.astype(float), seen[..., -1].copy()
-
-
 def simulate(
     policy: str | BatchPolicy,
     traces: Sequence[Trace],
@@ -133,11 +119,13 @@ def simulate_runs(
     offsets: np.ndarray,
     runs: Sequence[tuple[Ticks, JobSpec]],
     zones: tuple[str, ...],
+    plans: tuple[tuple[SpotPlan, ...], np.ndarray] | None = None,
 ) -> list[SimResult]:
     """Several jobs (same tick and prices) from every start offset, all in one lockstep loop.
 
     One result per run, in order. Batching the runs amortizes the per-tick numpy overhead,
-    which dominates at a few hundred offsets.
+    which dominates at a few hundred offsets. The ``broker`` policy's plans
+    (``sim_history.start_plans``) are solved here unless given.
     """
     if (
         len({t.hours for t, _ in runs}) != 1
@@ -154,9 +142,14 @@ def simulate_runs(
     )
     horizon = int(deadline.max())
     window = np.tile(job_windows(matrix, offsets, max(horizon, 1)), (1, len(runs), 1))
-    observed, avail_hours, windows, last = (
+    observed, avail_hours, windows, last, age = (
         np.tile(h, (1, len(runs))) for h in prime_history(matrix, offsets, dt)
     )
+    plan_of = plan_row = None
+    if plans is None and decide is broker_batch:  # it plans each job on the history before it
+        plans = start_plans(matrix, offsets, dt, runs)
+    if plans is not None:
+        plan_of, plan_row = np.repeat(np.arange(len(runs)), b), np.tile(plans[1], len(runs))
     instance = np.zeros(n, np.int8)
     zone = np.full(n, -1)
     overhead = np.zeros(n, np.int64)
@@ -176,6 +169,7 @@ def simulate_runs(
         observed = observed + dt
         avail_hours = avail_hours + now * dt
         windows = windows + (now & ~last)
+        age = np.where(now == last, age + dt, dt)
         last = now
         lost = live & (instance == Instance.SPOT) & ~now[np.maximum(zone, 0), rows]
         instance[lost], zone[lost], overhead[lost] = Instance.NONE, -1, 0
@@ -197,6 +191,10 @@ def simulate_runs(
             windows=windows,
             last_available=last,
             zones=zones,
+            age_hours=age,
+            plans=plans[0] if plans is not None else (),
+            plan_of=plan_of,
+            plan_row=plan_row,
         )
         action, target = decide(state)
         action = np.where(stopped, Action.STOP, np.where(expired, Action.CONTINUE, action))

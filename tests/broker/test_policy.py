@@ -14,6 +14,8 @@ from broker.policy import (
     PolicyState,
 )
 from broker.policy_batch import BATCH_POLICIES, BatchState
+from broker.spot_mdp import solve
+from broker.spot_model import fit_chain
 
 ZONES = ("us-east-1a", "us-east-1c", "us-east-1d")
 
@@ -77,21 +79,40 @@ def test_broker_picks_the_zone_whose_spot_windows_last_longest() -> None:
     assert history.availability("us-east-1d") == pytest.approx((10 + 12) / (20 + 24))
 
 
-def test_broker_tracks_uniform_progress_only_when_loose_and_restarts_are_cheap() -> None:
+def history_of(window: float, outage: float, down_for: float, n: int = 20) -> AvailabilityHistory:
+    """n windows and outages of these lengths, then a window and an outage ``down_for`` old."""
     history = AvailabilityHistory()
-    for _ in range(10):  # ten one-hour windows: mean window (10 + 2) / 11 = 1.09 h
-        history = history.observe(ZONES[0], True, 1.0).observe(ZONES[0], False, 1.0)
-    # 48 h of work in 72 h (loose), 40 h elapsed, 24 h done: behind the line (26.7 h)
-    behind = state(hours_total=72.0, hours_to_deadline=32.0, work_left_hours=24.0, history=history)
-    assert POLICIES["uniform_progress"](behind).action is Action.ON_DEMAND
-    assert POLICIES["broker"](behind).action is Action.ON_DEMAND  # 0.2 h <= 0.25 x 1.09 h
-    costly = behind.with_(restart_hours=0.5)  # restarts too dear to chase the line: wait
-    assert POLICIES["broker"](costly).action is Action.CONTINUE
-    # tight: its own rule, 24 h left > the spot forecast 0.5 x 31.9 h, and ahead of the
-    # line (20 h elapsed of 52) where Uniform Progress would wait
-    tight = behind.with_(hours_total=52.0)
-    assert POLICIES["uniform_progress"](tight).action is Action.CONTINUE
-    assert POLICIES["broker"](tight).action is Action.ON_DEMAND
+    for _ in range(n + 1):
+        history = history.observe(ZONES[0], True, window).observe(ZONES[0], False, outage)
+    return history.observe(ZONES[0], True, window).observe(ZONES[0], False, down_for)
+
+
+def test_history_keeps_the_lengths_of_windows_and_outages_and_the_current_age() -> None:
+    history = history_of(6.0, 0.3, 0.1, n=2)
+    seen = history.zones[ZONES[0]]
+    assert seen.up_runs == (6.0, 6.0, 6.0, 6.0)
+    assert seen.down_runs == (0.3, 0.3, 0.3)
+    assert (seen.last_available, seen.age_hours) == (False, 0.1)
+    assert history.observe(ZONES[0], False, 0.2).zones[ZONES[0]].age_hours == pytest.approx(0.3)
+
+
+def test_broker_waits_out_outages_its_history_says_are_short_and_not_long_ones() -> None:
+    # 40 h of work in 52 h, 1 h gone: after 6 h windows and 0.3 h outages spot is soon back,
+    # so the broker waits where Uniform Progress, behind its line, pays for on-demand
+    short = state(
+        hours_to_deadline=51.0,
+        work_left_hours=40.0,
+        work_total_hours=40.0,
+        history=history_of(6.0, 0.3, 0.1),
+    )
+    assert POLICIES["uniform_progress"](short).action is Action.ON_DEMAND
+    assert POLICIES["broker"](short).action is Action.CONTINUE
+    # after 1 h windows and 8 h outages, waiting would spend the slack on nothing
+    long = state(hours_to_deadline=52.0, history=history_of(1.0, 8.0, 0.5))
+    assert POLICIES["greedy"](long).action is Action.CONTINUE
+    assert POLICIES["broker"](long).action is Action.ON_DEMAND
+    # and with no slack left it can wait no longer either way (Safety Net Rule)
+    assert POLICIES["broker"](short.with_(hours_to_deadline=40.45)).action is Action.ON_DEMAND
 
 
 def random_batch(rng: np.random.Generator, n: int) -> BatchState:
@@ -109,6 +130,12 @@ def random_batch(rng: np.random.Generator, n: int) -> BatchState:
     obtainable = rng.random((z, n)) < 0.5
     obtainable[zone[zone >= 0], np.flatnonzero(zone >= 0)] = True
     observed = rng.uniform(0, 200, (z, n))
+    chains = [
+        fit_chain(rng.exponential(window, 30), rng.exponential(1.0, 30), 0.1)
+        for window in (0.5, 2.0, 8.0)
+    ]
+    plans = (solve(chains, 300, 400, 3, 0.92, 3.06), solve(chains[:2], 200, 220, 1, 0.5, 3.06))
+    plan_of = rng.integers(0, 2, n)
     return BatchState(
         hours_to_deadline=to_deadline,
         hours_total=total,
@@ -127,6 +154,10 @@ def random_batch(rng: np.random.Generator, n: int) -> BatchState:
         windows=rng.integers(0, 30, (z, n)).astype(float),
         last_available=rng.random((z, n)) < 0.5,
         zones=zones,
+        age_hours=rng.exponential(2.0, (z, n)),
+        plans=plans,
+        plan_of=plan_of,
+        plan_row=rng.integers(0, 2, n),
     )
 
 
