@@ -20,8 +20,11 @@ numpy arrays for the simulator, and a test holds the two to the same answers.
   whether spot can be had now as far as the broker knows (a launch failed with a capacity
   error -> False; it was preempted there -> False; the current spot zone -> True).
 - ``spot_price`` / ``on_demand_price``: $/h of the plan's instance.
-- ``history``: ``AvailabilityHistory`` of what the broker has seen per zone; update it with
+- ``history``: ``AvailabilityHistory`` of what the broker has seen per zone (the lengths of
+  its windows and outages, and how long the current one has lasted); update it with
   ``history.observe(zone, available, hours)`` (a new value) whenever you learn a zone's state.
+- ``plan`` / ``plan_row``: the ``broker`` policy's ``SpotPlan`` (``broker.spot_mdp``) and the
+  chain in it this job follows; None: solved from ``history`` when asked (and cached).
 
 ``Decision``: ``Action.CONTINUE`` (keep what runs, or keep waiting), ``SPOT`` in ``zone``
 (start there, or move there), ``ON_DEMAND``, ``WAIT`` (no instance: terminate what runs) or
