@@ -90,7 +90,7 @@ def main() -> None:
         began = time.perf_counter()
         plans = start_plans(matrix, offsets, gap / 3600.0, runs)
         plan_seconds += time.perf_counter() - began
-        plan_count += len(runs) * len(plans[0][0].want[0])
+        plan_count += len(runs) * plans[0][0].want.shape[1]  # runs x refit days
         costs: dict[str, list[np.ndarray]] = {}
         for policy in POLICIES:
             began = time.perf_counter()

@@ -41,7 +41,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from broker.spot_mdp import SpotPlan, plan_step_hours, solve
+from broker.spot_mdp import SpotPlan, plan_step_hours, solve_hours
 from broker.spot_model import chain_state, fit_chain
 
 EPS = 1e-9  # hours; float noise on tick multiples, far below one tick
@@ -302,14 +302,13 @@ def broker(state: PolicyState) -> Decision:
 def plan_for(state: PolicyState) -> SpotPlan:
     """The job's plan on a chain fitted to the windows and outages seen in its zones."""
     seen = [state.history.zones.get(z, ZoneHistory()) for z in state.zones]
-    step = plan_step_hours(state.tick_hours, state.hours_total)
     return _cached_plan(
         tuple(sorted(r for h in seen for r in h.up_runs)),
         tuple(sorted(r for h in seen for r in h.down_runs)),
-        step,
-        math.ceil(state.work_total_hours / step - 1e-9),
-        math.floor(state.hours_total / step + 1e-9),
-        math.ceil(state.restart_hours / step - 1e-9),
+        plan_step_hours(state.tick_hours, state.hours_total),
+        state.work_total_hours,
+        state.hours_total,
+        state.restart_hours,
         state.spot_price,
         state.on_demand_price,
     )
@@ -320,14 +319,16 @@ def _cached_plan(
     up_runs: tuple[float, ...],
     down_runs: tuple[float, ...],
     step: float,
-    work: int,
-    deadline: int,
-    restart: int,
+    work_hours: float,
+    deadline_hours: float,
+    restart_hours: float,
     spot_price: float,
     on_demand_price: float,
 ) -> SpotPlan:
     chain = fit_chain(up_runs, down_runs, step)
-    return solve([chain], work, max(deadline, work), restart, spot_price, on_demand_price)
+    return solve_hours(
+        [chain], work_hours, deadline_hours, restart_hours, spot_price, on_demand_price
+    )
 
 
 POLICIES: dict[str, Policy] = {

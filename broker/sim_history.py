@@ -8,13 +8,12 @@ day, and every job starting that day plans on it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from broker.spot_mdp import SpotPlan, plan_step_hours, solve
+from broker.spot_mdp import SpotPlan, plan_step_hours, solve_hours
 from broker.spot_model import SpotChain, fit_chain, run_lengths
 
 if TYPE_CHECKING:
@@ -71,12 +70,14 @@ def start_plans(
         step = plan_step_hours(tick_hours, ticks.deadline * tick_hours)
         if step not in chains:
             chains[step] = [fit_chain(up, down, step) for up, down in runs_seen]
-        work = math.ceil(ticks.work * tick_hours / step - 1e-9)
-        deadline = math.floor(ticks.deadline * tick_hours / step + 1e-9)
-        restart = math.ceil(ticks.restart * tick_hours / step - 1e-9)
-        work = max(work, 1)
-        deadline = max(deadline, work)  # no slack: the plan says on-demand throughout
         plans.append(
-            solve(chains[step], work, deadline, restart, job.spot_price, job.on_demand_price)
+            solve_hours(
+                chains[step],
+                ticks.work * tick_hours,
+                ticks.deadline * tick_hours,
+                ticks.restart * tick_hours,
+                job.spot_price,
+                job.on_demand_price,
+            )
         )
     return tuple(plans), rows

@@ -73,7 +73,29 @@ def plan_step_hours(tick_hours: float, hours_total: float) -> float:
     return ticks * tick_hours
 
 
+def solve_hours(
+    chains: list[SpotChain],
+    work_hours: float,
+    deadline_hours: float,
+    restart_hours: float,
+    spot_price: float,
+    on_demand_price: float,
+) -> SpotPlan:
+    """``solve`` for a job in hours, rounded to the chains' steps so as never to flatter it.
+
+    Work and restart round up, the deadline down; a job left no slack gets a plan that
+    keeps it on on-demand throughout.
+    """
+    step = chains[0].step_hours
+    work = max(math.ceil(work_hours / step - 1e-9), 1)
+    deadline = max(math.floor(deadline_hours / step + 1e-9), work)
+    restart = math.ceil(restart_hours / step - 1e-9)
+    return solve(chains, work, deadline, restart, spot_price, on_demand_price)
+
+
 def _power(matrix: np.ndarray, n: int) -> np.ndarray:
+    """matrix^n for a stack, multiplied in order (``matrix_power``'s squaring rounds otherwise
+    and can flip a near-tie between two choices)."""
     out = np.broadcast_to(np.eye(matrix.shape[-1]), matrix.shape).copy()
     for _ in range(n):
         out = out @ matrix

@@ -58,14 +58,6 @@ class SpotChain:
     edges: np.ndarray  # (A,) first age of each bucket, in steps
     matrix: np.ndarray  # (2A, 2A), rows sum to 1
 
-    @property
-    def buckets(self) -> int:
-        return len(self.edges)
-
-    def state(self, available: np.ndarray, age_hours: np.ndarray) -> np.ndarray:
-        """Chain state of a zone obtainable (or not) for ``age_hours`` so far."""
-        return chain_state(available, age_hours, self.step_hours, self.edges)
-
 
 def chain_state(
     available: np.ndarray, age_hours: np.ndarray, step_hours: float, edges: np.ndarray
