@@ -249,16 +249,26 @@ class Planning:
         last checkpoint that a preemption would lose, does shrink it, so a spot attempt whose
         slack (from the latest checkpoint) no longer covers one restart plus a tick moves to
         on-demand now, while it still can.
+
+        A move is only worth it when an on-demand plan can still meet the deadline (and fit
+        the budget) from the latest checkpoint. When none can but the running instance, with
+        the work it did since, can still finish in time, it is the job's only chance: keep it.
         """
         if attempt.market != "spot" or job.market == "spot":
             return "continue"
         state = self._state(session, job, attempt, now, tick_hours)
         if state is None:
             return "continue"
-        if state.slack_hours - state.tick_hours < state.restart_hours:
+        move = state.slack_hours - state.tick_hours < state.restart_hours
+        if not move:
+            move = policy.decide(state).action == policy.Action.ON_DEMAND
+        if not move:
+            return "continue"
+        if self.plans_for_job(session, job, now, market="on_demand").choices:
             return "on_demand"
-        decision = policy.decide(state)
-        return "on_demand" if decision.action == policy.Action.ON_DEMAND else "continue"
+        work_per_hour = job.total_work / state.work_total_hours
+        finish_hours = max(job.total_work - job.work_done, 0.0) / work_per_hour
+        return "continue" if finish_hours <= state.hours_to_deadline else "on_demand"
 
     def _rate(self, session: Session, job: Job, gpu: str, count: int) -> float:
         spec = JobSpec.model_validate(job.spec)

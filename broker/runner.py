@@ -344,8 +344,10 @@ class Runner:
             self._terminate(
                 lifecycle.migrate(session, attempt.id, "deadline close: moving to on-demand", now)
             )
-            self.planning.calibrate(session, attempt.id)
+            # Launch on the speeds steer checked the on-demand plan with, then learn from the
+            # attempt: a short attempt's noisy speed must not turn that plan into a stop.
             self.launch(job.id, market="on_demand")
+            self.planning.calibrate(session, attempt.id)
 
     # -- cleaning up ----------------------------------------------------------------------
 

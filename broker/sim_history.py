@@ -1,9 +1,12 @@
 """What the simulated broker knows before a job starts: the zones' recent history and its plan.
 
 The live broker keeps a week of what it saw of each zone; the simulator gives each job the
-``HISTORY_HOURS`` of the trace before its start (wrapping), never what comes after. The
-``broker`` policy's spot model is refitted once a simulated day, from the week before that
-day, and every job starting that day plans on it.
+``HISTORY_HOURS`` of the trace before its start. Traces wrap (a job near a trace's end runs on
+into its beginning), so a start early in a trace takes its history from the trace's end, as
+if the trace repeated; the history is cut short where it would reach the ticks the job itself
+may run on, so no job ever sees its own future. The ``broker`` policy's spot model is
+refitted once a simulated day, from the history before that day, and every job starting that
+day plans on it.
 """
 
 from __future__ import annotations
@@ -23,16 +26,23 @@ HISTORY_HOURS = 7 * 24.0  # what the broker has seen of each zone before the job
 REFIT_HOURS = 24.0  # how often the spot model is refitted
 
 
-def _history_index(length: int, ends: np.ndarray, tick_hours: float) -> np.ndarray:
-    n = min(int(HISTORY_HOURS / tick_hours), length - 1)
-    return (ends[:, None] - n + np.arange(n)[None, :]) % length
+def history_ticks(length: int, tick_hours: float, reach: int) -> int:
+    """Ticks of history before a start: ``HISTORY_HOURS``, less any that would wrap into the
+    ``reach`` ticks from the start on (what the job may run on); at least one."""
+    return max(1, min(int(HISTORY_HOURS / tick_hours), length - reach))
+
+
+def _history_index(length: int, ends: np.ndarray, n: int) -> np.ndarray:
+    return (np.asarray(ends)[..., None] - n + np.arange(n)) % length
 
 
 def prime_history(
-    available: np.ndarray, offsets: np.ndarray, tick_hours: float
+    available: np.ndarray, offsets: np.ndarray, tick_hours: float, horizon: int
 ) -> tuple[np.ndarray, ...]:
-    """History arrays (observed, available hours, windows, last, age hours) of the week before."""
-    seen = available[:, _history_index(available.shape[1], offsets, tick_hours)]  # (Z, B, n)
+    """History arrays (observed, available hours, windows, last, age hours) of the week before
+    each start, for jobs that run at most ``horizon`` ticks."""
+    n = history_ticks(available.shape[1], tick_hours, horizon)
+    seen = available[:, _history_index(available.shape[1], offsets, n)]  # (Z, B, n)
     rises = seen[..., 1:] & ~seen[..., :-1]
     windows = rises.sum(axis=2) + seen[..., 0]
     observed = np.full(seen.shape[:2], seen.shape[2] * tick_hours)
@@ -61,18 +71,26 @@ def start_plans(
     length = available.shape[1]
     day = max(1, round(REFIT_HOURS / tick_hours))
     days, rows = np.unique(offsets // day, return_inverse=True)
+    # from a day's start to its last job's start: history must not wrap into any of its jobs
+    span = np.zeros(len(days), np.int64)
+    np.maximum.at(span, rows, offsets - (offsets // day) * day)
     union = available.any(axis=0)
-    history = union[_history_index(length, days * day, tick_hours)]
-    runs_seen = [run_lengths(h, tick_hours) for h in history]
-    chains: dict[float, list[SpotChain]] = {}
+    chains: dict[tuple[float, int], list[SpotChain]] = {}
     plans = []
     for ticks, job in runs:
         step = plan_step_hours(tick_hours, ticks.deadline * tick_hours)
-        if step not in chains:
-            chains[step] = [fit_chain(up, down, step) for up, down in runs_seen]
+        if (step, ticks.deadline) not in chains:
+            chains[(step, ticks.deadline)] = [
+                fit_chain(*run_lengths(union[_history_index(length, end, n)], tick_hours), step)
+                for end, n in zip(
+                    days * day,
+                    (history_ticks(length, tick_hours, s + ticks.deadline) for s in span),
+                    strict=True,
+                )
+            ]
         plans.append(
             solve_hours(
-                chains[step],
+                chains[(step, ticks.deadline)],
                 ticks.work * tick_hours,
                 ticks.deadline * tick_hours,
                 ticks.restart * tick_hours,

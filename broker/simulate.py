@@ -143,7 +143,7 @@ def simulate_runs(
     horizon = int(deadline.max())
     window = np.tile(job_windows(matrix, offsets, max(horizon, 1)), (1, len(runs), 1))
     observed, avail_hours, windows, last, age = (
-        np.tile(h, (1, len(runs))) for h in prime_history(matrix, offsets, dt)
+        np.tile(h, (1, len(runs))) for h in prime_history(matrix, offsets, dt, horizon)
     )
     plan_of = plan_row = None
     if plans is None and decide is broker_batch:  # it plans each job on the history before it

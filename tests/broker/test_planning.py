@@ -94,6 +94,28 @@ def test_spot_attempt_moves_to_on_demand_when_slack_no_longer_covers_a_restart(s
     assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "on_demand"
 
 
+def test_spot_attempt_that_alone_can_still_finish_is_kept_when_on_demand_cannot(session, clock):
+    job = _submit(session, clock)
+    planning = get_planning()
+    attempt, token = _running(session, job, clock)
+    clock.advance(1800)
+    # 90 % done on spot, none of it checkpointed: on-demand would start from zero.
+    lifecycle.record_progress(session, attempt.id, token, job.total_work * 0.9, None, clock.now())
+    job = session.get(Job, job.id)
+    spot_finish = 0.1 * job.total_work / planning._rate(session, job, "V100", 1)
+    od_hours = min(
+        c.plan["expected_hours"]
+        for c in planning.plans_for_job(session, job, clock.now(), market="on_demand").choices
+    )
+    assert spot_finish < od_hours / 2
+    clock.set(job.deadline - timedelta(hours=(spot_finish + od_hours) / 2))
+    assert not planning.plans_for_job(session, job, clock.now(), market="on_demand").choices
+    assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
+    # Once even the running instance cannot finish, it moves (and the re-plan stops the job).
+    clock.set(job.deadline - timedelta(hours=spot_finish / 2))
+    assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "on_demand"
+
+
 def test_calibration_folds_observed_speed_into_later_quotes(session, clock):
     job = _submit(session, clock)
     planning = get_planning()

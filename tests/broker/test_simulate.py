@@ -55,8 +55,9 @@ EXPECTED = {
     ),
     # greedy waits out the outage and restarts on spot: 2 + 2.4. Uniform Progress falls
     # behind its line at 2.8 h, runs on-demand until 4.4 h, then spot: 2 + 4.8 + 1. The
-    # broker's plan, on a history (the trace before the start, wrapping) of long windows and
-    # one 1 h outage, expects the outage to end with slack to spare and waits as greedy does.
+    # broker's history (the trace before the start, wrapping, cut before the job's own 6 h)
+    # holds no finished run, so its plan rests on the priors (2 h windows, 1 h outages): it
+    # expects the outage to end with slack to spare and waits as greedy does.
     "outage": (
         OUTAGE,
         {"on_demand": 12.6, "greedy": 4.4, "uniform_progress": 7.8, "broker": 4.4, "optimal": 4.4},
