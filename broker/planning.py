@@ -431,7 +431,9 @@ def _boto_session(settings: Settings) -> Any:
     )
 
 
-def spot_history(session: Session, now: datetime, days: float = 7.0) -> policy.AvailabilityHistory:
+def spot_history(
+    session: Session, now: datetime, days: float = policy.HISTORY_DAYS
+) -> policy.AvailabilityHistory:
     """Spot availability per zone as the broker's own attempts saw it over the last days.
 
     A spot attempt's running time counts as available; one preemption ends a window; a

@@ -48,6 +48,7 @@ EPS = 1e-9  # hours; float noise on tick multiples, far below one tick
 PRIOR_HOURS = 24.0  # weight of the prior in availability estimates
 PRIOR_AVAILABILITY = 0.5
 PRIOR_WINDOW_HOURS = 2.0
+HISTORY_DAYS = 30.0  # the spot availability history the broker keeps (and plans on)
 
 
 class Instance(IntEnum):
@@ -183,6 +184,11 @@ def _cannot_wait(state: PolicyState) -> bool:
     return state.slack_hours - state.tick_hours < 2 * state.restart_hours - EPS
 
 
+def _last_moment(state: PolicyState) -> bool:
+    """After one more tick without progress, an on-demand start could no longer finish."""
+    return state.slack_hours - state.tick_hours < state.restart_hours - EPS
+
+
 def on_demand(state: PolicyState) -> Decision:
     """On-demand from start to finish."""
     if state.work_left_hours <= EPS:
@@ -256,9 +262,12 @@ def broker(state: PolicyState) -> Decision:
     The plan is solved on a semi-Markov model of spot availability fitted to the history
     (``state.plan``, or solved here from ``state.history`` when none is given); it weighs
     what a window of this age will likely still give against the restarts it costs, and
-    keeps every state able to finish on on-demand. The Safety Net Rule stays on top (the
-    plan's steps round the job's times): a job that can wait no longer neither drops its
-    instance nor stays idle.
+    keeps every state able to finish on on-demand. A last net stays on top (the plan's
+    steps round the job's times, and live ticks are uneven): a job whose waste is past the
+    plan's slack, or that one more idle tick would leave no time for an on-demand start,
+    neither drops its instance nor stays idle. (The Safety Net Rule's margin of two
+    restarts, which greedy and Uniform Progress need, only costs a plan that already
+    weighs the risk of losing spot: measured in ``bench/policies.py``.)
     """
     if state.work_left_hours <= EPS:
         return STOP
@@ -283,20 +292,20 @@ def broker(state: PolicyState) -> Decision:
     )
     zone = _best_spot_zone(state)
     spot_ok = zone is not None and _spot_is_safe(state)
-    must = _cannot_wait(state)
+    must = want < 0 or _last_moment(state)
     if state.instance is Instance.SPOT:
         if want == Instance.ON_DEMAND:
             return ON_DEMAND
         return WAIT if want == Instance.NONE and not must else CONTINUE
     if state.instance is Instance.ON_DEMAND:
-        if must or want < 0:
+        if must:
             return CONTINUE
         if want == Instance.SPOT and spot_ok:
             return Decision(Action.SPOT, zone)
         return WAIT if want == Instance.NONE else CONTINUE
     if want == Instance.SPOT and spot_ok:
         return Decision(Action.SPOT, zone)
-    return ON_DEMAND if must or want in (-1, Instance.ON_DEMAND) else CONTINUE
+    return ON_DEMAND if must or want == Instance.ON_DEMAND else CONTINUE
 
 
 def plan_for(state: PolicyState) -> SpotPlan:

@@ -182,7 +182,7 @@ def broker_batch(s: BatchState) -> BatchDecision:
         s.spot_obtainable.any(axis=0), np.where(s.spot_obtainable, window, -1.0).argmax(axis=0), -1
     )
     spot_ok = (zone >= 0) & spot_is_safe(s)
-    must = cannot_wait(s)
+    must = (want < 0) | (s.slack_hours - s.tick_hours < s.restart_hours - EPS)
     to_spot = (want == Instance.SPOT) & spot_ok
     spot_action = np.select(
         [want == Instance.ON_DEMAND, (want == Instance.NONE) & ~must],
@@ -190,12 +190,12 @@ def broker_batch(s: BatchState) -> BatchDecision:
         Action.CONTINUE,
     )
     od_action = np.select(
-        [must | (want < 0), to_spot, want == Instance.NONE],
+        [must, to_spot, want == Instance.NONE],
         [Action.CONTINUE, Action.SPOT, Action.WAIT],
         Action.CONTINUE,
     )
     idle_action = np.select(
-        [to_spot, must | (want < 0) | (want == Instance.ON_DEMAND)],
+        [to_spot, must | (want == Instance.ON_DEMAND)],
         [Action.SPOT, Action.ON_DEMAND],
         Action.CONTINUE,
     )

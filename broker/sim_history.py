@@ -1,12 +1,12 @@
 """What the simulated broker knows before a job starts: the zones' recent history and its plan.
 
-The live broker keeps a week of what it saw of each zone; the simulator gives each job the
-``HISTORY_HOURS`` of the trace before its start. Traces wrap (a job near a trace's end runs on
-into its beginning), so a start early in a trace takes its history from the trace's end, as
-if the trace repeated; the history is cut short where it would reach the ticks the job itself
-may run on, so no job ever sees its own future. The ``broker`` policy's spot model is
-refitted once a simulated day, from the history before that day, and every job starting that
-day plans on it.
+The live broker keeps ``policy.HISTORY_DAYS`` of what it saw of each zone; the simulator
+gives each job the ``HISTORY_HOURS`` of the trace before its start. Traces wrap (a job near
+a trace's end runs on into its beginning), so a start early in a trace takes its history
+from the trace's end, as if the trace repeated; the history is cut short where it would
+reach the ticks the job itself may run on, so no job ever sees its own future. The
+``broker`` policy's spot model is refitted once a simulated day, from the history before
+that day, and every job starting that day plans on it.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from broker.policy import HISTORY_DAYS
 from broker.spot_mdp import SpotPlan, plan_step_hours, solve_hours
 from broker.spot_model import SpotChain, fit_chain, run_lengths
 
 if TYPE_CHECKING:
     from broker.simulate import JobSpec, Ticks
 
-HISTORY_HOURS = 7 * 24.0  # what the broker has seen of each zone before the job starts
+HISTORY_HOURS = HISTORY_DAYS * 24.0  # what the broker has seen of each zone before a start
 REFIT_HOURS = 24.0  # how often the spot model is refitted
 
 
@@ -39,8 +40,8 @@ def _history_index(length: int, ends: np.ndarray, n: int) -> np.ndarray:
 def prime_history(
     available: np.ndarray, offsets: np.ndarray, tick_hours: float, horizon: int
 ) -> tuple[np.ndarray, ...]:
-    """History arrays (observed, available hours, windows, last, age hours) of the week before
-    each start, for jobs that run at most ``horizon`` ticks."""
+    """History arrays (observed, available hours, windows, last, age hours) of the history
+    before each start, for jobs that run at most ``horizon`` ticks."""
     n = history_ticks(available.shape[1], tick_hours, horizon)
     seen = available[:, _history_index(available.shape[1], offsets, n)]  # (Z, B, n)
     rises = seen[..., 1:] & ~seen[..., :-1]

@@ -111,8 +111,12 @@ def test_broker_waits_out_outages_its_history_says_are_short_and_not_long_ones()
     long = state(hours_to_deadline=52.0, history=history_of(1.0, 8.0, 0.5))
     assert POLICIES["greedy"](long).action is Action.CONTINUE
     assert POLICIES["broker"](long).action is Action.ON_DEMAND
-    # and with no slack left it can wait no longer either way (Safety Net Rule)
-    assert POLICIES["broker"](short.with_(hours_to_deadline=40.45)).action is Action.ON_DEMAND
+    # 0.45 h of slack still covers a tick and an on-demand start (0.2 h): the plan waits on
+    # (greedy's and UP's Safety Net, two restarts, would already pay for on-demand) ...
+    assert POLICIES["greedy"](short.with_(hours_to_deadline=40.45)).action is Action.ON_DEMAND
+    assert POLICIES["broker"](short.with_(hours_to_deadline=40.45)).action is Action.CONTINUE
+    # ... and at the last moment it can wait no longer either way
+    assert POLICIES["broker"](short.with_(hours_to_deadline=40.25)).action is Action.ON_DEMAND
 
 
 def random_batch(rng: np.random.Generator, n: int) -> BatchState:
