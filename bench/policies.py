@@ -3,8 +3,11 @@
 Every trace alone (single zone) and every region's zones together (multi-zone: the traces of
 one dataset folder with the same GPU and length); work 24 h and 48 h, deadline x1.1 and x1.5,
 restart 0.1 h and 0.5 h, N start offsets each, all eight jobs of a scenario in one lockstep
-simulation. Prints the figures, then one JSON line last. The row ``best_rule_hindsight`` is no
-policy: per start, the cheapest of the online rules, a bound on what choosing among them buys.
+simulation. The broker's spot model of a scenario's zones takes as its prior what the
+broker watched of every trace in their dataset folder over the same days (its "fleet"),
+never the job's own window. Prints the figures, then one JSON line last. The row
+``best_rule_hindsight`` is no policy: per start, the cheapest of the online rules, a bound
+on what choosing among them buys.
 
     python bench/policies.py [--starts 200] [--coarsen-below 60]
 
@@ -62,6 +65,15 @@ def scenarios(traces: tuple[Trace, ...]) -> list[tuple[str, list[Trace]]]:
     return out
 
 
+def fleet_of(traces: tuple[Trace, ...], zones: list[Trace]) -> np.ndarray:
+    """What the broker watched besides: every trace of the zones' dataset folder (zones and
+    instance types over the same days), the prior of its spot model."""
+    folder = zones[0].name.split("/")[0]
+    length = len(zones[0].available)
+    same = [t for t in traces if t.name.split("/")[0] == folder and len(t.available) == length]
+    return zone_matrix(same)[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--starts", type=int, default=200)
@@ -88,7 +100,7 @@ def main() -> None:
         best = [optimal_costs(matrix, offsets, ticks, job) for ticks, job in runs]
         dp_seconds += time.perf_counter() - began
         began = time.perf_counter()
-        plans = start_plans(matrix, offsets, gap / 3600.0, runs)
+        plans = start_plans(matrix, offsets, gap / 3600.0, runs, fleet_of(traces, zones))
         plan_seconds += time.perf_counter() - began
         plan_count += len(runs) * plans[0][0].want.shape[1]  # runs x refit days
         costs: dict[str, list[np.ndarray]] = {}

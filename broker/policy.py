@@ -309,11 +309,15 @@ def broker(state: PolicyState) -> Decision:
 
 
 def plan_for(state: PolicyState) -> SpotPlan:
-    """The job's plan on a chain fitted to the windows and outages seen in its zones."""
+    """The job's plan on a chain fitted to the windows and outages seen in its zones, with
+    those seen in every zone of the history as the prior."""
     seen = [state.history.zones.get(z, ZoneHistory()) for z in state.zones]
+    fleet = state.history.zones.values()
     return _cached_plan(
         tuple(sorted(r for h in seen for r in h.up_runs)),
         tuple(sorted(r for h in seen for r in h.down_runs)),
+        tuple(sorted(r for h in fleet for r in h.up_runs)),
+        tuple(sorted(r for h in fleet for r in h.down_runs)),
         plan_step_hours(state.tick_hours, state.hours_total),
         state.work_total_hours,
         state.hours_total,
@@ -327,6 +331,8 @@ def plan_for(state: PolicyState) -> SpotPlan:
 def _cached_plan(
     up_runs: tuple[float, ...],
     down_runs: tuple[float, ...],
+    fleet_up_runs: tuple[float, ...],
+    fleet_down_runs: tuple[float, ...],
     step: float,
     work_hours: float,
     deadline_hours: float,
@@ -334,7 +340,7 @@ def _cached_plan(
     spot_price: float,
     on_demand_price: float,
 ) -> SpotPlan:
-    chain = fit_chain(up_runs, down_runs, step)
+    chain = fit_chain(up_runs, down_runs, step, fleet=(fleet_up_runs, fleet_down_runs))
     return solve_hours(
         [chain], work_hours, deadline_hours, restart_hours, spot_price, on_demand_price
     )

@@ -64,10 +64,13 @@ def start_plans(
     offsets: np.ndarray,
     tick_hours: float,
     runs: Sequence[tuple[Ticks, JobSpec]],
+    fleet: np.ndarray | None = None,
 ) -> tuple[tuple[SpotPlan, ...], np.ndarray]:
     """One plan per run, with one chain per simulated day; and each start's day (its row).
 
-    The chain is fitted to spot in any of the zones (a job may use whichever has it).
+    The chain is fitted to spot in any of the zones (a job may use whichever has it), its
+    hazards shrunk towards those of ``fleet`` ((Z', L) availability of every zone and
+    instance type the broker watched over the same ticks, each on its own) when given.
     """
     length = available.shape[1]
     day = max(1, round(REFIT_HOURS / tick_hours))
@@ -82,7 +85,7 @@ def start_plans(
         step = plan_step_hours(tick_hours, ticks.deadline * tick_hours)
         if (step, ticks.deadline) not in chains:
             chains[(step, ticks.deadline)] = [
-                fit_chain(*run_lengths(union[_history_index(length, end, n)], tick_hours), step)
+                _fit(union, fleet, _history_index(length, end, n), tick_hours, step)
                 for end, n in zip(
                     days * day,
                     (history_ticks(length, tick_hours, s + ticks.deadline) for s in span),
@@ -100,3 +103,14 @@ def start_plans(
             )
         )
     return tuple(plans), rows
+
+
+def _fit(
+    union: np.ndarray, fleet: np.ndarray | None, index: np.ndarray, tick_hours: float, step: float
+) -> SpotChain:
+    """The chain of ``union``'s history at ``index``, with the fleet's there as its prior."""
+    prior = None
+    if fleet is not None:
+        seen = [run_lengths(zone[index], tick_hours) for zone in fleet]
+        prior = (np.concatenate([up for up, _ in seen]), np.concatenate([d for _, d in seen]))
+    return fit_chain(*run_lengths(union[index], tick_hours), step, fleet=prior)

@@ -120,12 +120,14 @@ def simulate_runs(
     runs: Sequence[tuple[Ticks, JobSpec]],
     zones: tuple[str, ...],
     plans: tuple[tuple[SpotPlan, ...], np.ndarray] | None = None,
+    fleet: np.ndarray | None = None,
 ) -> list[SimResult]:
     """Several jobs (same tick and prices) from every start offset, all in one lockstep loop.
 
     One result per run, in order. Batching the runs amortizes the per-tick numpy overhead,
     which dominates at a few hundred offsets. The ``broker`` policy's plans
-    (``sim_history.start_plans``) are solved here unless given.
+    (``sim_history.start_plans``, on ``fleet``'s history as the prior) are solved here unless
+    given.
     """
     if (
         len({t.hours for t, _ in runs}) != 1
@@ -147,7 +149,7 @@ def simulate_runs(
     )
     plan_of = plan_row = None
     if plans is None and decide is broker_batch:  # it plans each job on the history before it
-        plans = start_plans(matrix, offsets, dt, runs)
+        plans = start_plans(matrix, offsets, dt, runs, fleet)
     if plans is not None:
         plan_of, plan_row = np.repeat(np.arange(len(runs)), b), np.tile(plans[1], len(runs))
     instance = np.zeros(n, np.int8)

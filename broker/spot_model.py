@@ -5,7 +5,10 @@ spot time lies in windows of many hours, so a window that has lasted an hour is 
 to last another than one just begun (and likewise for outages). A memoryless chain misses
 that. Here the state is (spot obtainable or not, age bucket), with buckets growing ~1.5x in
 length; each bucket has its own chance per step of the window (or outage) ending, fitted
-from the lengths seen, shrunk towards the overall rate where few were seen.
+from the lengths seen, shrunk towards a prior where few were seen: the same bucket's chance
+in the fleet (every zone and instance type the broker watched over the same days) when that
+is given, else the overall rate. A zone seen for a few days borrows the shape of the fleet's
+hazards; a zone seen for weeks keeps its own.
 
 Pure: run lengths in, a transition matrix out. ``broker.spot_mdp`` plans on it.
 """
@@ -20,6 +23,7 @@ import numpy as np
 
 AGE_CAP_HOURS = 6.0  # ages beyond share one bucket (one hazard)
 PRIOR_STEPS = 5.0  # pseudo-exposure, in steps, of the overall rate in each bucket's hazard
+FLEET_PRIOR_STEPS = 300.0  # pseudo-exposure of the fleet's hazard (30 h at 0.1 h steps)
 PRIOR_UP_HOURS = 2.0  # mean window and outage assumed when nothing has been seen
 PRIOR_DOWN_HOURS = 1.0
 
@@ -38,16 +42,32 @@ def bucket_of(age_steps: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return np.searchsorted(edges, np.maximum(age_steps, 1), side="right") - 1
 
 
-def _hazards(lengths: np.ndarray, edges: np.ndarray, prior_mean_steps: float) -> np.ndarray:
-    """Chance per step that a run of age in each bucket ends, from run lengths in steps."""
-    rate = (len(lengths) + 1.0) / (lengths.sum() + prior_mean_steps)
+def _hazards(
+    lengths: np.ndarray,
+    edges: np.ndarray,
+    prior_mean_steps: float,
+    prior: np.ndarray | None = None,
+) -> np.ndarray:
+    """Chance per step that a run of age in each bucket ends, from run lengths in steps,
+    shrunk towards ``prior`` (per bucket), else towards the overall rate."""
+    if prior is None:
+        rate = (len(lengths) + 1.0) / (lengths.sum() + prior_mean_steps)
+        prior, weight = np.full(len(edges), rate), PRIOR_STEPS
+    else:
+        weight = FLEET_PRIOR_STEPS
     upper = np.append(edges[1:], np.iinfo(np.int64).max)  # first age past each bucket
     lengths = lengths[:, None]
     # ages at which a run could have ended inside each bucket
     exposure = np.clip(np.minimum(lengths, upper - 1) - edges + 1, 0, None).sum(axis=0)
     ends = ((lengths >= edges) & (lengths < upper)).sum(axis=0)
-    hazard = (ends + PRIOR_STEPS * rate) / (exposure + PRIOR_STEPS)
+    hazard = (ends + weight * prior) / (exposure + weight)
     return np.clip(hazard, 1e-6, 1 - 1e-6)
+
+
+def _steps(hours: Sequence[float] | np.ndarray, step_hours: float) -> np.ndarray:
+    """Run lengths in whole steps (at least one)."""
+    steps = np.ceil(np.asarray(hours, dtype=float) / step_hours - 1e-9)
+    return np.maximum(steps, 1).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -71,17 +91,28 @@ def fit_chain(
     up_hours: Sequence[float] | np.ndarray,
     down_hours: Sequence[float] | np.ndarray,
     step_hours: float,
+    fleet: tuple[Sequence[float] | np.ndarray, Sequence[float] | np.ndarray] | None = None,
 ) -> SpotChain:
-    """The chain whose windows and outages last as the given lengths (hours) did."""
+    """The chain whose windows and outages last as the given lengths (hours) did.
+
+    ``fleet``: the (window, outage) lengths seen across the fleet over the same time, the
+    prior each bucket's hazard shrinks towards.
+    """
     edges = age_buckets(step_hours)
     a = len(edges)
     # widths of the buckets in steps; the last bucket keeps its runs until they end
     advance = np.append(1.0 / np.diff(edges), 0.0)
     matrix = np.zeros((2 * a, 2 * a))
-    kinds = ((0, down_hours, PRIOR_DOWN_HOURS), (1, up_hours, PRIOR_UP_HOURS))
-    for available, runs, prior in kinds:
-        steps = np.maximum(np.ceil(np.asarray(runs, dtype=float) / step_hours - 1e-9), 1)
-        hazard = _hazards(steps.astype(np.int64), edges, prior / step_hours)
+    kinds = (
+        (0, down_hours, None if fleet is None else fleet[1], PRIOR_DOWN_HOURS),
+        (1, up_hours, None if fleet is None else fleet[0], PRIOR_UP_HOURS),
+    )
+    for available, runs, fleet_runs, prior_hours in kinds:
+        mean_steps = prior_hours / step_hours
+        prior = None
+        if fleet_runs is not None:
+            prior = _hazards(_steps(fleet_runs, step_hours), edges, mean_steps)
+        hazard = _hazards(_steps(runs, step_hours), edges, mean_steps, prior)
         rows = available * a + np.arange(a)
         matrix[rows, (1 - available) * a] = hazard
         stay = 1.0 - hazard

@@ -119,6 +119,22 @@ def test_broker_waits_out_outages_its_history_says_are_short_and_not_long_ones()
     assert POLICIES["broker"](short.with_(hours_to_deadline=40.25)).action is Action.ON_DEMAND
 
 
+def test_a_zone_seen_briefly_borrows_the_fleets_hazards_and_one_seen_long_keeps_its_own() -> None:
+    def window_end_chance(chain, age_bucket: int) -> float:  # type: ignore[no-untyped-def]
+        a = len(chain.edges)
+        return float(chain.matrix[a + age_bucket, 0])
+
+    fleet = ([8.0] * 200, [0.5] * 200)  # the fleet's windows last 8 h
+    brief = fit_chain([0.3, 0.3], [0.5, 0.5], 0.1, fleet=fleet)
+    alone = fit_chain([0.3, 0.3], [0.5, 0.5], 0.1)
+    # a window 3 h old: alone, two 0.3 h windows say it ends soon; the fleet says not
+    old = 7  # ages 2.7-4 h in 0.1 h steps
+    assert window_end_chance(brief, old) < window_end_chance(alone, old) / 3
+    long_seen = fit_chain([0.3] * 500, [0.5] * 500, 0.1, fleet=fleet)
+    young = 2  # ages 0.3-0.4 h, where all its 500 windows of 0.3 h ended: its own data wins
+    assert window_end_chance(long_seen, young) > 0.5
+
+
 def random_batch(rng: np.random.Generator, n: int) -> BatchState:
     zones = ZONES[: int(rng.integers(1, 4))]
     z = len(zones)
