@@ -109,14 +109,22 @@ def cannot_wait(s: BatchState) -> np.ndarray:
     return s.slack_hours - s.tick_hours < 2 * s.restart_hours - EPS
 
 
+def last_moment(s: BatchState) -> np.ndarray:
+    return s.slack_hours - s.tick_hours < s.restart_hours - EPS
+
+
 def by_instance(
-    s: BatchState, od_action: np.ndarray, idle_action: np.ndarray, zone: np.ndarray
+    s: BatchState,
+    od_action: np.ndarray,
+    idle_action: np.ndarray,
+    zone: np.ndarray,
+    spot_action: np.ndarray | int = Action.CONTINUE,
 ) -> BatchDecision:
-    """Keep spot, take ``od_action`` on on-demand, ``idle_action`` with no instance; stop
-    when the work is done."""
+    """Take ``spot_action`` on spot (keep it by default), ``od_action`` on on-demand,
+    ``idle_action`` with no instance; stop when the work is done."""
     action = np.select(
         [s.instance == Instance.SPOT, s.instance == Instance.ON_DEMAND],
-        [Action.CONTINUE, od_action],
+        [spot_action, od_action],
         idle_action,
     )
     action = np.where(s.work_left_hours <= EPS, Action.STOP, action)
@@ -182,7 +190,7 @@ def broker_batch(s: BatchState) -> BatchDecision:
         s.spot_obtainable.any(axis=0), np.where(s.spot_obtainable, window, -1.0).argmax(axis=0), -1
     )
     spot_ok = (zone >= 0) & spot_is_safe(s)
-    must = (want < 0) | (s.slack_hours - s.tick_hours < s.restart_hours - EPS)
+    must = (want < 0) | last_moment(s)
     to_spot = (want == Instance.SPOT) & spot_ok
     spot_action = np.select(
         [want == Instance.ON_DEMAND, (want == Instance.NONE) & ~must],
@@ -199,17 +207,14 @@ def broker_batch(s: BatchState) -> BatchDecision:
         [Action.SPOT, Action.ON_DEMAND],
         Action.CONTINUE,
     )
-    action = np.select(
-        [
-            (s.instance != Instance.NONE) & (s.restart_left_hours > EPS),
-            s.instance == Instance.SPOT,
-            s.instance == Instance.ON_DEMAND,
-        ],
-        [Action.CONTINUE, spot_action, od_action],
+    starting = s.restart_left_hours > EPS  # a start under way is paid for: see it through
+    return by_instance(
+        s,
+        np.where(starting, Action.CONTINUE, od_action),
         idle_action,
+        zone,
+        np.where(starting, Action.CONTINUE, spot_action),
     )
-    action = np.where(s.work_left_hours <= EPS, Action.STOP, action)
-    return action.astype(np.int8), np.where(action == Action.SPOT, zone, -1)
 
 
 BATCH_POLICIES: dict[str, BatchPolicy] = {
