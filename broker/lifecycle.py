@@ -89,7 +89,9 @@ def _accrue(session: Session, job: Job, attempt: Attempt, now: datetime) -> int:
     """Book what the attempt has cost since the last booking; returns the new amount."""
     if attempt.status != RUNNING:
         return 0
-    seconds = billed_seconds(attempt, now)
+    # Billing never runs backwards: a worker that read the clock before another booked a
+    # later time must not leave billed_seconds short of what cost_micros already holds.
+    seconds = max(billed_seconds(attempt, now), attempt.billed_seconds)
     total = cost_micros(attempt.price_micros_per_hour, seconds)
     delta = total - attempt.cost_micros
     attempt.billed_seconds = seconds

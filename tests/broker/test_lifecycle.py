@@ -12,6 +12,7 @@ from broker.errors import Conflict, IllegalTransition, NotFound
 from broker.jobs import JobStatus
 from broker.ledger import job_reserved, job_spent
 from broker.models import Attempt, Job, LedgerEntry
+from broker.money import cost_micros
 from broker.spec import JobSpec
 from broker.teams import create_team
 from tests.helpers import SPOT_PLAN, SPOT_PRICE, job_spec
@@ -61,6 +62,21 @@ def test_ledger_equals_billed_seconds_times_price(session, job, clock):
     assert attempt.billed_seconds == 1357
     assert job_spent(session, job.id) == -(-SPOT_PRICE * 1357 // 3600)
     assert job_reserved(session, job.id) == 0
+
+
+def test_an_end_read_from_an_earlier_clock_keeps_the_ledger_exact(session, job, clock):
+    attempt, _ = _running(session, job, clock)
+    began = clock.now()
+    clock.advance(1000)
+    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)
+    # another worker read the clock 100 s earlier and ends the attempt after that booking
+    lifecycle.stop(
+        session, job.id, JobStatus.SUCCEEDED, "work reached", began + timedelta(seconds=900)
+    )
+    attempt = session.get(Attempt, attempt.id)
+    assert attempt.billed_seconds == 1000
+    assert attempt.cost_micros == cost_micros(attempt.price_micros_per_hour, 1000)
+    assert job_spent(session, job.id) == attempt.cost_micros
 
 
 def test_preemption_falls_back_to_latest_checkpoint(session, job, clock):
