@@ -33,6 +33,14 @@ def simulate(
     trace: list[Path] = typer.Option(
         ..., "--trace", exists=True, dir_okay=False, help="Trace file; several = zones."
     ),
+    fleet: list[Path] = typer.Option(
+        [],
+        "--fleet",
+        exists=True,
+        dir_okay=False,
+        help="Trace the broker watched besides (another zone or instance type, same ticks); "
+        "the prior of its spot model.",
+    ),
     work_hours: float = typer.Option(48.0, help="Compute hours of the job."),
     deadline_hours: float = typer.Option(52.0, help="Hours from start to deadline."),
     restart_hours: float = typer.Option(0.2, help="Overhead of every start or switch."),
@@ -52,10 +60,16 @@ def simulate(
         matrix, gap = zone_matrix(traces)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--trace") from error
+    watched = None
+    if fleet:  # the job's zones are watched too
+        try:
+            watched = zone_matrix(traces + [load_trace(path) for path in fleet])[0]
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint="--fleet") from error
     names = ALL if policy == "all" else sorted({policy, "optimal"}, key=ALL.index)
     job = JobSpec(work_hours, deadline_hours, restart_hours, spot_price, on_demand_price)
     offsets = start_offsets(matrix.shape[1], starts)
-    rows = summarize(compare(traces, job, offsets, names), on_demand_cost(job, gap))
+    rows = summarize(compare(traces, job, offsets, names, watched), on_demand_cost(job, gap))
     console = Console()
     if as_json:
         for row in rows:

@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 STARTUP_HOURS = 0.1  # launch + boot + setup before a restore starts
 MIN_CALIBRATION_HOURS = 0.25  # attempts shorter than this (after restart) teach nothing
-Steer = Literal["continue", "on_demand"]
+Steer = Literal["continue", "on_demand", "spot"]
+REFUSED_HOURS = 1.0  # a zone that refused or preempted spot this recently is taken as out of it
 
 
 def plan_fields(plan: Plan) -> dict[str, Any]:
@@ -227,8 +228,12 @@ class Planning:
     ) -> str | None:
         """The market the policy wants for a job with nothing running (None: the plan's).
 
-        ``policy.decide`` with no instance: spot while it is safe; on-demand once waiting
-        any longer would put the deadline at risk.
+        ``policy.decide`` with no instance: spot while it is safe; on-demand when the plan
+        says so, or once waiting any longer would put the deadline at risk. The simulated
+        broker may also wait for spot to come back; live, the broker sees spot only by
+        launching, so when every zone it knows has refused or preempted spot lately
+        (``refused_zones``) it starts on-demand rather than wait blind, and ``steer`` moves
+        the job back to spot once a refusal has aged out and the plan still wants spot.
         """
         if job.market != "auto":
             return None
@@ -236,12 +241,14 @@ class Planning:
         if state is None:
             return None
         decision = policy.decide(state)
-        return "on_demand" if decision.action == policy.Action.ON_DEMAND else None
+        if decision.action == policy.Action.ON_DEMAND or not any(state.spot_obtainable):
+            return "on_demand"
+        return None
 
     def steer(
         self, session: Session, job: Job, attempt: Attempt, now: datetime, tick_hours: float
     ) -> Steer:
-        """Keep a running attempt, or move it to on-demand when the plan or the deadline says so.
+        """Keep a running attempt, or switch its market when the plan or the deadline says so.
 
         ``policy.decide`` (the ``broker`` policy the simulator measures) may move a spot job
         to on-demand. In the simulator progress is exactly as planned, so a spot job's slack
@@ -253,8 +260,13 @@ class Planning:
         A move is only worth it when an on-demand plan can still meet the deadline (and fit
         the budget) from the latest checkpoint. When none can but the running instance, with
         the work it did since, can still finish in time, it is the job's only chance: keep it.
+
+        An on-demand attempt of an ``auto`` job moves back to spot when the policy says so
+        (``_back_to_spot``), as the simulated broker does once spot returns.
         """
-        if attempt.market != "spot" or job.market == "spot":
+        if attempt.market == "on_demand":
+            return self._back_to_spot(session, job, attempt, now, tick_hours)
+        if job.market == "spot":
             return "continue"
         state = self._state(session, job, attempt, now, tick_hours)
         if state is None:
@@ -269,6 +281,26 @@ class Planning:
         work_per_hour = job.total_work / state.work_total_hours
         finish_hours = max(job.total_work - job.work_done, 0.0) / work_per_hour
         return "continue" if finish_hours <= state.hours_to_deadline else "on_demand"
+
+    def _back_to_spot(
+        self, session: Session, job: Job, attempt: Attempt, now: datetime, tick_hours: float
+    ) -> Steer:
+        """ "spot" when the policy would leave on-demand for spot in a zone that has not
+        refused or preempted spot lately, a spot plan fits what is left, and the move loses
+        at most a tick's work (the work since the latest checkpoint; else it waits for one).
+        """
+        if job.market != "auto":
+            return "continue"
+        state = self._state(session, job, attempt, now, tick_hours)
+        if state is None or policy.decide(state).action != policy.Action.SPOT:
+            return "continue"
+        work_per_hour = job.total_work / state.work_total_hours
+        if (job.work_done - job.checkpointed_work) / work_per_hour > tick_hours:
+            return "continue"
+        spot = self.plans_for_job(
+            session, job, now, market="spot", exclude_zones=refused_zones(session, now)
+        )
+        return "spot" if spot.choices else "continue"
 
     def _rate(self, session: Session, job: Job, gpu: str, count: int) -> float:
         spec = JobSpec.model_validate(job.spec)
@@ -310,6 +342,8 @@ class Planning:
                 restart_left = max(restart - ran, 0.0)
         history = spot_history(session, now)
         zones = tuple(z for z in history.zones) or (plan.get("zone", ""),)
+        refused = refused_zones(session, now)
+        running_spot = attempt.zone if attempt is not None and attempt.market == "spot" else None
         return policy.PolicyState(
             hours_to_deadline=(job.deadline - now).total_seconds() / 3600,
             hours_total=(job.deadline - job.created_at).total_seconds() / 3600,
@@ -321,7 +355,7 @@ class Planning:
             instance=instance,
             zone=attempt.zone if attempt is not None and attempt.market == "spot" else None,
             zones=zones,
-            spot_obtainable=tuple(True for _ in zones),
+            spot_obtainable=tuple(z == running_spot or z not in refused for z in zones),
             history=history,
         )
 
@@ -429,6 +463,18 @@ def _boto_session(settings: Settings) -> Any:
         aws_secret_access_key=secret.get_secret_value() if secret else None,
         region_name=settings.aws_region,
     )
+
+
+def refused_zones(session: Session, now: datetime, job_id: str | None = None) -> set[str]:
+    """Zones where spot was refused (capacity) or preempted within ``REFUSED_HOURS``, for
+    any job, or for ``job_id``'s attempts only."""
+    query = select(Attempt.zone).where(
+        col(Attempt.ended_at) >= now - timedelta(hours=REFUSED_HOURS),
+        col(Attempt.end_reason).in_(("capacity", "preempted")),
+    )
+    if job_id is not None:
+        query = query.where(Attempt.job_id == job_id)
+    return set(session.exec(query).all())
 
 
 def spot_history(

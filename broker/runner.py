@@ -12,7 +12,7 @@ import hmac
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
@@ -25,7 +25,7 @@ from broker.lifecycle import LAUNCHING, RUNNING, ToTerminate
 from broker.metrics import PROVIDER_ERRORS
 from broker.models import Attempt, Job
 from broker.money import to_micros
-from broker.planning import Choice, Planning
+from broker.planning import Choice, Planning, refused_zones
 from broker.reconcile import ReconcileReport, reconcile
 from providers.base import (
     TAG_ATTEMPT,
@@ -127,7 +127,7 @@ class Runner:
                     )
                 )
                 return None
-            excluded = self._recent_failures(session, job_id, now)
+            excluded = refused_zones(session, now, job_id)
             market = market or self.planning.market_now(session, job, now, self.tick_hours)
             replan = self.planning.plans_for_job(
                 session, job, now, market=market, exclude_zones=excluded
@@ -251,18 +251,6 @@ class Runner:
         )
         return attempt.id
 
-    def _recent_failures(self, session: Session, job_id: str, now: datetime) -> set[str]:
-        """Zones where this job was refused or preempted within the last hour."""
-        since = now - timedelta(hours=1)
-        rows = session.exec(
-            select(Attempt.zone).where(
-                Attempt.job_id == job_id,
-                col(Attempt.ended_at) >= since,
-                col(Attempt.end_reason).in_(("capacity", "preempted")),
-            )
-        ).all()
-        return set(rows)
-
     # -- watching -------------------------------------------------------------------------
 
     def due(self) -> TickReport:
@@ -338,9 +326,15 @@ class Runner:
                 self._steer(session, job, attempt, now)
 
     def _steer(self, session: Session, job: Job, attempt: Attempt, now: datetime) -> None:
-        """Ask the policy whether to keep this attempt; move to on-demand when it says so."""
+        """Ask the policy whether to keep this attempt; switch market when it says so."""
         decision = self.planning.steer(session, job, attempt, now, self.tick_hours)
-        if decision == "on_demand":
+        if decision == "spot":
+            self._terminate(
+                lifecycle.migrate(session, attempt.id, "spot back: leaving on-demand", now)
+            )
+            self.launch(job.id, market="spot")
+            self.planning.calibrate(session, attempt.id)
+        elif decision == "on_demand":
             self._terminate(
                 lifecycle.migrate(session, attempt.id, "deadline close: moving to on-demand", now)
             )

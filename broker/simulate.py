@@ -108,9 +108,10 @@ def simulate_ticks(
     ticks: Ticks,
     job: JobSpec,
     zones: tuple[str, ...],
+    fleet: np.ndarray | None = None,
 ) -> SimResult:
     """The lockstep loop on a (Z, L) availability matrix, the job already in ticks."""
-    return simulate_runs(decide, matrix, offsets, [(ticks, job)], zones)[0]
+    return simulate_runs(decide, matrix, offsets, [(ticks, job)], zones, fleet=fleet)[0]
 
 
 def simulate_runs(
@@ -261,9 +262,14 @@ class PolicySummary:
 
 
 def compare(
-    traces: Sequence[Trace], job: JobSpec, offsets: np.ndarray, policies: Sequence[str]
+    traces: Sequence[Trace],
+    job: JobSpec,
+    offsets: np.ndarray,
+    policies: Sequence[str],
+    fleet: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
-    """Cost per start offset of each policy (``optimal`` included when named)."""
+    """Cost per start offset of each policy (``optimal`` included when named); ``fleet``:
+    (Z', L) availability the ``broker`` policy's spot model takes as its prior."""
     from broker.optimal import optimal_costs
 
     matrix, gap = zone_matrix(traces)
@@ -274,7 +280,7 @@ def compare(
         if name == "optimal":
             out[name] = optimal_costs(matrix, offsets, ticks, job)
         else:
-            result = simulate_ticks(BATCH_POLICIES[name], matrix, offsets, ticks, job, zones)
+            result = simulate_ticks(BATCH_POLICIES[name], matrix, offsets, ticks, job, zones, fleet)
             out[name] = np.where(result.missed, -result.cost, result.cost)  # sign = missed
     return out
 

@@ -86,3 +86,26 @@ def test_unknown_policy_is_rejected(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--policy", "nope"])
     assert result.exit_code != 0
     assert "unknown policy" in result.output
+
+
+def test_fleet_traces_are_the_prior_of_the_broker_spot_model(tmp_path: Path) -> None:
+    # 10 days: the job's zone keeps spot 48 min at a time; the fleet's windows last 6 min.
+    zone = write_trace(tmp_path / "z1_v100_1.json", ([0] * 8 + [1] * 4) * 200)
+    flaky = [write_trace(tmp_path / f"f{i}_v100_1.json", [0, 1] * 1200) for i in range(3)]
+    args = ["simulate", "--trace", str(zone), "--work-hours", "6", "--deadline-hours", "9"]
+    args += ["--restart-hours", "0.2", "--starts", "4", "--policy", "broker", "--json"]
+
+    def broker_cost(extra: list[str]) -> float:
+        result = CliRunner().invoke(app, args + extra)
+        assert result.exit_code == 0, result.output
+        rows = {row["policy"]: row for row in map(json.loads, result.output.splitlines())}
+        assert rows["broker"]["misses"] == 0
+        return rows["broker"]["mean_vs_on_demand"]
+
+    alone = broker_cost([])
+    # The fleet's hazards (windows that die within a tick) reshape the broker's plan here.
+    assert broker_cost([arg for f in flaky for arg in ("--fleet", str(f))]) != alone
+    short = write_trace(tmp_path / "s_v100_1.json", [0] * 50)
+    result = CliRunner().invoke(app, [*args, "--fleet", str(short)])
+    assert result.exit_code != 0
+    assert "--fleet" in result.output

@@ -168,3 +168,72 @@ def test_top_up_beyond_the_team_budget_is_refused(session, clock):
             session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now(), reserve_up_to=team_budget * 2
         )
     assert session.get(Job, job.id).status == "queued"
+
+
+def _on_demand(session, job, clock):  # type: ignore[no-untyped-def]
+    plan = {**SPOT_PLAN, "market": "on_demand"}
+    attempt, token = lifecycle.begin_attempt(session, job.id, plan, 3_060_000, clock.now())
+    lifecycle.launch_succeeded(session, attempt.id, "i-od", clock.now())
+    return attempt, token
+
+
+def test_on_demand_attempt_moves_back_to_spot_right_after_a_checkpoint(session, clock):
+    job = _submit(session, clock)
+    planning = get_planning()
+    attempt, token = _on_demand(session, job, clock)
+    clock.advance(900)  # past the restart overhead
+    lifecycle.record_progress(session, attempt.id, token, 50, "ckpt-50", clock.now())
+    job = session.get(Job, job.id)
+    assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
+    # Work past the checkpoint that a move would lose: wait for the next checkpoint.
+    clock.advance(1800)
+    lifecycle.record_progress(
+        session, attempt.id, token, 50 + job.total_work / 4, None, clock.now()
+    )
+    job = session.get(Job, job.id)
+    assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
+
+
+def test_on_demand_attempt_stays_when_spot_was_just_refused_or_the_deadline_is_close(
+    session, clock
+):
+    job = _submit(session, clock)
+    planning = get_planning()
+    attempt, token = _on_demand(session, job, clock)
+    clock.advance(900)
+    lifecycle.record_progress(session, attempt.id, token, 50, "ckpt-50", clock.now())
+    job = session.get(Job, job.id)
+    assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
+    # Another job's spot launch in the zone is refused: no spot there for a while.
+    other = _submit(session, clock, budget=2_000_000_000)
+    refused, _ = lifecycle.begin_attempt(session, other.id, SPOT_PLAN, SPOT_PRICE, clock.now())
+    lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
+    assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
+    clock.advance(3600 * 1.5)
+    lifecycle.record_progress(session, attempt.id, token, 60, "ckpt-60", clock.now())
+    job = session.get(Job, job.id)
+    assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
+    # Close to the deadline a spot start is no longer safe.
+    clock.set(job.deadline - timedelta(hours=1))
+    assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
+
+
+def test_on_demand_attempt_of_an_on_demand_job_never_moves(session, clock):
+    job = _submit(session, clock, market="on_demand")
+    attempt, token = _on_demand(session, job, clock)
+    clock.advance(900)
+    lifecycle.record_progress(session, attempt.id, token, 50, "ckpt-50", clock.now())
+    job = session.get(Job, job.id)
+    assert get_planning().steer(session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
+
+
+def test_job_refused_spot_in_every_known_zone_starts_on_demand(session, clock):
+    job = _submit(session, clock)
+    planning = get_planning()
+    assert planning.market_now(session, job, clock.now(), tick_hours=0.1) is None  # the plan's
+    refused, _ = lifecycle.begin_attempt(session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now())
+    lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
+    assert planning.market_now(session, job, clock.now(), tick_hours=0.1) == "on_demand"
+    # An hour later the refusal has aged out: spot is worth a try again.
+    clock.advance(3600 * 1.5)
+    assert planning.market_now(session, job, clock.now(), tick_hours=0.1) is None

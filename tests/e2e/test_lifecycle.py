@@ -118,6 +118,43 @@ def test_capacity_error_in_one_zone_moves_to_the_next_plan(stack: Any) -> None:
     assert_ledger_matches_attempts(job["id"])
 
 
+def test_auto_job_on_on_demand_moves_back_to_spot_when_spot_returns(stack: Any) -> None:
+    from broker.db import get_engine
+    from broker.models import Attempt
+
+    api = Api(stack)
+    spec = api.spec(hours=3.0, deadline_hours=12.0, market="auto")
+    spot_plans = [p for p in api.quote(spec)["plans"] if p["market"] == "spot"]
+    for plan in spot_plans:
+        set_spot(stack, plan, False)
+    try:
+        job = api.submit(spec)
+        api.wait(
+            job["id"],
+            lambda j: any(
+                a["market"] == "on_demand" and a["status"] == "running" for a in j["attempts"]
+            ),
+        )
+        for plan in spot_plans:
+            set_spot(stack, plan, True)
+        done = api.finish(job["id"])
+    finally:
+        for plan in spot_plans:
+            set_spot(stack, plan, None)
+    assert done["status"] == "succeeded", done
+    with Session(get_engine()) as session:
+        attempts = session.exec(
+            select(Attempt).where(Attempt.job_id == job["id"]).order_by(Attempt.id)
+        ).all()
+    od = next(i for i, a in enumerate(attempts) if a.market == "on_demand")
+    assert attempts[od].end_reason == "migrated", [(a.market, a.end_reason) for a in attempts]
+    back = [a for a in attempts[od + 1 :] if a.started_at is not None]
+    assert back[0].market == "spot"
+    assert back[0].work_at_start > 0  # resumed from the on-demand attempt's checkpoint
+    assert_ledger_matches_attempts(job["id"])
+    assert_no_instance_left(stack)
+
+
 def test_cancel_terminates_the_instance(stack: Any) -> None:
     api = Api(stack)
     job = api.submit(api.spec(hours=20.0, deadline_hours=40.0))
