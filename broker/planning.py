@@ -285,7 +285,7 @@ class Planning:
     def _back_to_spot(
         self, session: Session, job: Job, attempt: Attempt, now: datetime, tick_hours: float
     ) -> Steer:
-        """ "spot" when the policy would leave on-demand for spot in a zone that has not
+        """Spot when the policy would leave on-demand for spot in a zone that has not
         refused or preempted spot lately, a spot plan fits what is left, and the move loses
         at most a tick's work (the work since the latest checkpoint; else it waits for one).
         """
@@ -466,13 +466,15 @@ def _boto_session(settings: Settings) -> Any:
 
 
 def refused_zones(session: Session, now: datetime, job_id: str | None = None) -> set[str]:
-    """Zones where spot was refused (capacity) or preempted within ``REFUSED_HOURS``, for
-    any job, or for ``job_id``'s attempts only."""
+    """Zones that refused a launch (capacity) or preempted an instance within
+    ``REFUSED_HOURS``: any job's spot attempts, or with ``job_id`` that job's attempts."""
     query = select(Attempt.zone).where(
         col(Attempt.ended_at) >= now - timedelta(hours=REFUSED_HOURS),
         col(Attempt.end_reason).in_(("capacity", "preempted")),
     )
-    if job_id is not None:
+    if job_id is None:
+        query = query.where(Attempt.market == "spot")
+    else:
         query = query.where(Attempt.job_id == job_id)
     return set(session.exec(query).all())
 

@@ -330,7 +330,9 @@ class Runner:
         decision = self.planning.steer(session, job, attempt, now, self.tick_hours)
         if decision == "spot":
             self._terminate(
-                lifecycle.migrate(session, attempt.id, "spot back: leaving on-demand", now)
+                lifecycle.migrate(
+                    session, attempt.id, "spot again: moving back from on-demand", now
+                )
             )
             self.launch(job.id, market="spot")
             self.planning.calibrate(session, attempt.id)

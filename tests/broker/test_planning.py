@@ -204,8 +204,13 @@ def test_on_demand_attempt_stays_when_spot_was_just_refused_or_the_deadline_is_c
     lifecycle.record_progress(session, attempt.id, token, 50, "ckpt-50", clock.now())
     job = session.get(Job, job.id)
     assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
-    # Another job's spot launch in the zone is refused: no spot there for a while.
     other = _submit(session, clock, budget=2_000_000_000)
+    # Another job's on-demand launch there is refused: that says nothing about spot.
+    od_plan = {**SPOT_PLAN, "market": "on_demand"}
+    refused, _ = lifecycle.begin_attempt(session, other.id, od_plan, 3_060_000, clock.now())
+    lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
+    assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
+    # Its spot launch in the zone is refused: no spot there for a while.
     refused, _ = lifecycle.begin_attempt(session, other.id, SPOT_PLAN, SPOT_PRICE, clock.now())
     lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
     assert planning.steer(session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
