@@ -123,7 +123,7 @@ def test_auto_job_on_on_demand_moves_back_to_spot_when_spot_returns(stack: Any) 
     from broker.models import Attempt
 
     api = Api(stack)
-    spec = api.spec(hours=3.0, deadline_hours=12.0, market="auto")
+    spec = api.spec(hours=5.0, deadline_hours=14.0, market="auto")
     spot_plans = [p for p in api.quote(spec)["plans"] if p["market"] == "spot"]
     for plan in spot_plans:
         set_spot(stack, plan, False)
