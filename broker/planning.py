@@ -353,7 +353,7 @@ class Planning:
             restart_left_hours=restart_left,
             tick_hours=tick_hours,
             instance=instance,
-            zone=attempt.zone if attempt is not None and attempt.market == "spot" else None,
+            zone=running_spot,
             zones=zones,
             spot_obtainable=tuple(z == running_spot or z not in refused for z in zones),
             history=history,

@@ -42,6 +42,10 @@ from providers.base import (
 )
 
 log = logging.getLogger(__name__)
+MOVE_REASONS = {  # steer's market switches, as the migration reason says them
+    "spot": "spot again: moving back from on-demand",
+    "on_demand": "deadline close: moving to on-demand",
+}
 
 # Jobs a tick launches when they have no live attempt (running too: a crash can leave a job
 # marked running after its attempt ended; launching again resumes it from its checkpoint).
@@ -328,22 +332,13 @@ class Runner:
     def _steer(self, session: Session, job: Job, attempt: Attempt, now: datetime) -> None:
         """Ask the policy whether to keep this attempt; switch market when it says so."""
         decision = self.planning.steer(session, job, attempt, now, self.tick_hours)
-        if decision == "spot":
-            self._terminate(
-                lifecycle.migrate(
-                    session, attempt.id, "spot again: moving back from on-demand", now
-                )
-            )
-            self.launch(job.id, market="spot")
-            self.planning.calibrate(session, attempt.id)
-        elif decision == "on_demand":
-            self._terminate(
-                lifecycle.migrate(session, attempt.id, "deadline close: moving to on-demand", now)
-            )
-            # Launch on the speeds steer checked the on-demand plan with, then learn from the
-            # attempt: a short attempt's noisy speed must not turn that plan into a stop.
-            self.launch(job.id, market="on_demand")
-            self.planning.calibrate(session, attempt.id)
+        if decision == "continue":
+            return
+        self._terminate(lifecycle.migrate(session, attempt.id, MOVE_REASONS[decision], now))
+        # Launch on the speeds steer checked the new plan with, then learn from the attempt:
+        # a short attempt's noisy speed must not turn that plan into a stop.
+        self.launch(job.id, market=decision)
+        self.planning.calibrate(session, attempt.id)
 
     # -- cleaning up ----------------------------------------------------------------------
 
