@@ -19,10 +19,14 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
-from broker.planner import SPOT_WINDOWS, PlanRequest, PlanSet, plan_request, quote, rank_plans
-from broker.spec import JobSpec
-from broker.throughput import ThroughputModel, Workload
-from pricing.catalog import Offer, OfferTable, bundled_catalog, load_aws_csv
+from broker.bundled import bundled_throughput_model
+from broker.core.offers import Offer, OfferTable
+from broker.core.planner import SPOT_WINDOWS, PlanRequest, PlanSet, rank_plans
+from broker.core.throughput import ThroughputModel, Workload
+from broker.services.job_spec import JobSpec
+from broker.services.planning import Planning, plan_request
+from pricing.aws_catalog import load_aws_csv
+from pricing.catalog import bundled_catalog
 from pricing.gcp_catalog import load_gcp_offers
 from pricing.spot_risk import estimate
 from pricing.traces import bundled_traces
@@ -95,7 +99,7 @@ def work_per_hour(spec: JobSpec, table: OfferTable, model: ThroughputModel) -> n
     return model.work_per_hour(workload, table.gpu, per, table.vcpus / per, table.ram_gb / per)
 
 
-# The pure-Python reference: one Offer at a time, the same formulas as broker.planner.
+# The pure-Python reference: one Offer at a time, the same formulas as broker.core.planner.
 
 
 def _matches(r: PlanRequest, o: Offer) -> bool:
@@ -200,7 +204,7 @@ def main() -> None:
     args = parser.parse_args()
 
     load = catalog_load_ms()
-    table, model = bundled_catalog(), ThroughputModel.bundled()
+    table, model = bundled_catalog(), bundled_throughput_model()
     offers = table.offers()
     rng = random.Random(args.seed)
     specs = [random_spec(rng, model.known_models()) for _ in range(args.specs)]
@@ -210,15 +214,16 @@ def main() -> None:
         total = Workload.from_mapping(spec.workload.model_dump(exclude_none=True)).total_work
         jobs.append((spec, plan_request(spec, NOW, total), rates))
 
+    planning = Planning(table, model, startup_hours=STARTUP)
     for spec, req, rates in jobs[:20]:  # warm-up
         rank_plans(req, table, rates)
-        quote(spec, table, model, NOW)
+        planning.quote(spec, NOW)
     core, full, slow, mismatches, with_plans = [], [], [], 0, 0
     for spec, req, rates in jobs:
         t0 = time.perf_counter()
         fast = rank_plans(req, table, rates, STARTUP)
         t1 = time.perf_counter()
-        quote(spec, table, model, NOW, startup_hours=STARTUP)
+        planning.quote(spec, NOW)
         t2 = time.perf_counter()
         reference = reference_rank(req, offers, rates.tolist())
         t3 = time.perf_counter()

@@ -28,10 +28,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from broker.optimal import optimal_costs
-from broker.policy_batch import BATCH_POLICIES
-from broker.sim_history import start_plans
-from broker.simulate import JobSpec, Ticks, simulate_runs, start_offsets, zone_matrix
+from broker.core.policy_vectorized import BATCH_POLICIES
+from broker.sim.hindsight import optimal_costs
+from broker.sim.history import start_plans
+from broker.sim.scenario import Ticks, TraceJob, start_offsets, zone_matrix
+from broker.sim.simulator import simulate_runs
 from pricing.traces import Trace, bundled_traces
 
 POLICIES = ("on_demand", "greedy", "uniform_progress", "broker")
@@ -92,7 +93,7 @@ def main() -> None:
         offsets = start_offsets(matrix.shape[1], args.starts)
         labels = tuple(z.zone for z in zones)
         jobs = [
-            JobSpec(work, work * slack, restart, SPOT_PRICE, ON_DEMAND_PRICE)
+            TraceJob(work, work * slack, restart, SPOT_PRICE, ON_DEMAND_PRICE)
             for work, slack, restart in itertools.product(WORK, SLACK, RESTART)
         ]
         runs = [(Ticks.of(job, gap), job) for job in jobs]

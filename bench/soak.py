@@ -76,12 +76,12 @@ def main() -> None:
     from sqlmodel import Session, col, select
 
     from broker import clock
-    from broker.db import get_engine
-    from broker.jobs import TERMINAL
-    from broker.ledger import job_spent
-    from broker.localstack import EmbeddedStack
-    from broker.models import Attempt, Job
-    from broker.money import cost_micros
+    from broker.core.job_status import TERMINAL
+    from broker.core.money import cost_micros
+    from broker.db.engine import get_engine
+    from broker.db.models import Attempt, Job
+    from broker.devstack.stack import EmbeddedStack
+    from broker.services.ledger import job_spent
     from tests.helpers import drop_postgres, fresh_postgres
 
     database_url = celery_url = created = None

@@ -106,7 +106,7 @@ class Settings(BaseSettings):
     def celery_transport(self) -> str | None:
         """The kombu transport class for the broker URL (None: the URL's own)."""
         if self.resolved_celery_broker_url.startswith("filesystem://"):
-            return "broker.fs_transport:Transport"  # broker.fs_transport.TRANSPORT_PATH
+            return "broker.devstack.fs_transport:Transport"  # fs_transport.TRANSPORT_PATH
         return None
 
     def celery_transport_options(self) -> dict[str, object]:

@@ -7,9 +7,9 @@ from typing import Any
 from alembic import context
 from sqlmodel import SQLModel
 
-import broker.models  # noqa: F401  (registers the tables)
-from broker.db import make_engine
-from broker.models import UTCDateTime
+import broker.db.models  # noqa: F401  (registers the tables)
+from broker.db.engine import make_engine
+from broker.db.models import UTCDateTime
 from broker.settings import get_settings
 
 target_metadata = SQLModel.metadata

@@ -14,7 +14,8 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from pricing.catalog import DATA_DIR, NO_PRICE, OfferTable, gpu_memory_gb, price_micros
+from broker.core.offers import NO_PRICE, OfferTable
+from pricing.snapshot import DATA_DIR, gpu_memory_gb, price_micros
 
 GCP_CSV = DATA_DIR / "gcp-gpu-vms.csv"
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from broker.money import to_micros
-from pricing.catalog import OfferTable
+from broker.core.money import to_micros
+from broker.core.offers import OfferTable
 from pricing.gcp_catalog import GCE_ACCELERATOR_TYPES
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from broker.errors import BrokerError
+from broker.core.errors import BrokerError
 
 Market = Literal["spot", "on_demand"]
 InstanceStatus = Literal["pending", "running", "terminated", "preempted"]

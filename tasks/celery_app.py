@@ -16,7 +16,7 @@ def use_metrics_dir(settings: Settings) -> None:
     """Put this process's prometheus_client in multiprocess mode, writing to the metrics folder.
 
     prometheus_client picks per-process files or memory when it is first imported, so this runs
-    when the Celery app is imported, before the tasks (and ``broker.metrics``) are; pool
+    when the Celery app is imported, before the tasks (and ``broker.services.metrics``) are; pool
     processes inherit it. The API reads the folder on ``GET /metrics``.
     """
     folder = settings.resolved_metrics_dir
@@ -42,7 +42,7 @@ def _forget_process(pid: int | None = None, **_: Any) -> None:
 def make_celery() -> Celery:
     """A Celery app configured from the broker's settings."""
     settings = get_settings()
-    celery = Celery("broker", include=["tasks.jobs"])
+    celery = Celery("broker", include=["tasks.control_loop"])
     celery.conf.update(
         broker_url=settings.resolved_celery_broker_url,
         broker_transport=settings.celery_transport,
@@ -59,10 +59,13 @@ def make_celery() -> Celery:
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         beat_schedule={
-            "tick": {"task": "tasks.jobs.tick", "schedule": settings.tick_seconds},
-            "reconcile": {"task": "tasks.jobs.reconcile", "schedule": settings.reconcile_seconds},
+            "tick": {"task": "tasks.control_loop.tick", "schedule": settings.tick_seconds},
+            "reconcile": {
+                "task": "tasks.control_loop.reconcile",
+                "schedule": settings.reconcile_seconds,
+            },
             "refresh-prices": {
-                "task": "tasks.jobs.refresh_prices",
+                "task": "tasks.control_loop.refresh_prices",
                 "schedule": settings.refresh_prices_seconds,
             },
         },

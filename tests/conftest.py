@@ -42,7 +42,8 @@ def data_dir() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def engine(database_url: str, data_dir: Path) -> Iterator[Engine]:
     """The broker's engine on the test database, migrated to head."""
-    from broker import db, settings
+    from broker import settings
+    from broker.db import engine as db
 
     os.environ["BROKER_DATABASE_URL"] = database_url
     os.environ["BROKER_ADMIN_TOKEN"] = ADMIN_TOKEN

@@ -10,9 +10,9 @@ from fastapi import Depends, Header, HTTPException, status
 from sqlmodel import Session
 
 from broker import clock
-from broker.db import get_engine
+from broker.db.engine import get_engine
+from broker.services.teams import Principal, authenticate
 from broker.settings import get_settings
-from broker.teams import Principal, authenticate
 
 
 def get_session() -> Iterator[Session]:

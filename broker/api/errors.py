@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from broker.errors import (
+from broker.core.errors import (
     BrokerError,
     BudgetExceeded,
     Conflict,

@@ -12,10 +12,10 @@ from broker.api.schemas import (
     ProgressOut,
     TeamOut,
 )
-from broker.ledger import BudgetFigures
-from broker.models import Attempt, Checkpoint, Job, Team
-from broker.money import format_usd
-from broker.queries import JobView
+from broker.core.money import format_usd
+from broker.db.models import Attempt, Checkpoint, Job, Team
+from broker.services.job_views import JobView
+from broker.services.ledger import BudgetFigures
 
 
 def budget_out(figures: BudgetFigures) -> BudgetOut:

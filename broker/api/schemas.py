@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.spec import Money, Name
+from broker.services.job_spec import Money, Name
 
 ID_PATTERN = r"^[A-Za-z0-9_\-]+$"
 ResourceId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN)]

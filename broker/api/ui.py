@@ -17,12 +17,12 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from broker import dashboard
 from broker.api.deps import NowDep, SessionDep
-from broker.jobs import is_terminal
-from broker.models import Team
+from broker.core.job_status import is_terminal
+from broker.db.models import Team
+from broker.services import dashboard
+from broker.services.teams import Principal, authenticate
 from broker.settings import get_settings
-from broker.teams import Principal, authenticate
 
 BASE = "/ui"
 COOKIE = "broker_ui"

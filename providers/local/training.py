@@ -26,7 +26,8 @@ import numpy as np
 
 from broker import clock
 from broker.agent import Agent
-from broker.throughput import ThroughputModel, Workload
+from broker.bundled import bundled_throughput_model
+from broker.core.throughput import ThroughputModel, Workload
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class SimulatedTraining:
     ) -> None:
         self._sources = sources
         self._put = storage_put
-        self._throughput = throughput or ThroughputModel.bundled()
+        self._throughput = throughput or bundled_throughput_model()
         self._report_every = report_every_seconds
         self._restore = restore_seconds
         self._spread = speed_spread

@@ -29,10 +29,10 @@ import pytest
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from broker.ledger import team_budget
-from broker.localstack import free_port, wait_until_healthy
-from broker.models import Job, LedgerEntry, Team
-from broker.money import to_micros
+from broker.core.money import to_micros
+from broker.db.models import Job, LedgerEntry, Team
+from broker.devstack.stack import free_port, wait_until_healthy
+from broker.services.ledger import team_budget
 from tests.helpers import job_spec
 
 pytestmark = [

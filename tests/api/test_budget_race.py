@@ -9,7 +9,7 @@ import httpx
 from sqlalchemy import func
 from sqlmodel import Session, select
 
-from broker.models import LedgerEntry
+from broker.db.models import LedgerEntry
 from tests.helpers import job_spec, worst_case
 
 

@@ -17,8 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlmodel import Session
 
-from broker import lifecycle
 from broker.logs import configure_logging
+from broker.services import lifecycle
 from broker.settings import Settings, get_settings
 from tests.helpers import SPOT_PLAN, job_spec
 
@@ -164,7 +164,7 @@ def test_team_spend_follows_the_budget_period(client, make_team, clock, db_engin
 
 def test_metrics_add_up_what_worker_processes_recorded(client, tmp_path, metrics_dir):
     record = (
-        "from broker.metrics import PROVIDER_ERRORS, TICK_SECONDS\n"
+        "from broker.services.metrics import PROVIDER_ERRORS, TICK_SECONDS\n"
         "TICK_SECONDS.labels('tick').observe(0.2)\n"
         "TICK_SECONDS.labels('observe').observe(0.05)\n"
         "PROVIDER_ERRORS.labels('aws', 'capacity').inc()\n"
@@ -222,7 +222,7 @@ def test_json_logs_carry_extras_and_redact_tokens(restore_logging):
     agent = "att_" + "f" * 40
     stream = io.StringIO()
     configure_logging(Settings(log_format="json", admin_token=admin), level="INFO", stream=stream)
-    log = logging.getLogger("broker.runner")
+    log = logging.getLogger("broker.services.runner")
 
     log.info(
         "attempt running",
@@ -236,7 +236,7 @@ def test_json_logs_carry_extras_and_redact_tokens(restore_logging):
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert len(lines) == 4
     first = lines[0]
-    assert first["level"] == "INFO" and first["logger"] == "broker.runner"
+    assert first["level"] == "INFO" and first["logger"] == "broker.services.runner"
     assert first["message"] == "attempt running"
     assert first["job_id"] == "job_1" and first["zone"] == "az1"
     assert first["attempt_id"] == "att_0190a1b2c3d4e5f6a7b8c9d0"  # an id is no secret

@@ -15,10 +15,10 @@ import pytest
 from sqlmodel import Session
 from typer.testing import CliRunner
 
-from broker import lifecycle
 from broker.cli import app
-from broker.jobs import JobStatus
-from broker.money import to_micros
+from broker.core.job_status import JobStatus
+from broker.core.money import to_micros
+from broker.services import lifecycle
 from broker.settings import get_settings
 from tests.conftest import START
 

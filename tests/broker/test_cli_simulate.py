@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from broker.cli_simulate import simulate
+from broker.cli.simulate import simulate
 
 app = typer.Typer()
 app.command("simulate")(simulate)

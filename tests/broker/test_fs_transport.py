@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kombu import Connection, Queue
 
-from broker.fs_transport import TRANSPORT_PATH
+from broker.devstack.fs_transport import TRANSPORT_PATH
 
 
 def _options(folder: Path) -> dict[str, object]:

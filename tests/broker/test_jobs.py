@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.errors import IllegalTransition
-from broker.jobs import ALLOWED, TERMINAL, JobStatus, check_transition
+from broker.core.errors import IllegalTransition
+from broker.core.job_status import ALLOWED, TERMINAL, JobStatus, check_transition
 
 
 def test_terminal_statuses_have_no_way_out():

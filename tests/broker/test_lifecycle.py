@@ -7,14 +7,14 @@ from datetime import timedelta
 import pytest
 from sqlmodel import Session, select
 
-from broker import admission, lifecycle
-from broker.errors import Conflict, IllegalTransition, NotFound
-from broker.jobs import JobStatus
-from broker.ledger import job_reserved, job_spent
-from broker.models import Attempt, Job, LedgerEntry
-from broker.money import cost_micros
-from broker.spec import JobSpec
-from broker.teams import create_team
+from broker.core.errors import Conflict, IllegalTransition, NotFound
+from broker.core.job_status import JobStatus
+from broker.core.money import cost_micros
+from broker.db.models import Attempt, Job, LedgerEntry
+from broker.services import admission, lifecycle
+from broker.services.job_spec import JobSpec
+from broker.services.ledger import job_reserved, job_spent
+from broker.services.teams import create_team
 from tests.helpers import SPOT_PLAN, SPOT_PRICE, job_spec
 
 
@@ -166,7 +166,7 @@ def test_spend_passing_the_alert_threshold_logs_one_warning(session, clock, capl
         session, job.id, SPOT_PLAN, 10_000_000, clock.now()
     )  # $10/h
     lifecycle.launch_succeeded(session, attempt.id, "i-9", clock.now())
-    caplog.set_level("WARNING", logger="broker.lifecycle")
+    caplog.set_level("WARNING", logger="broker.services.lifecycle")
     for _ in range(6):  # $10 per step: the $30 threshold is crossed at the third
         clock.advance(3600)
         lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Engine
 
-from broker.db import make_engine
-from broker.migrate import downgrade, upgrade
+from broker.db.engine import make_engine
+from broker.db.migrate import downgrade, upgrade
 from tests.helpers import drop_postgres, fresh_postgres
 
 

@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.planner import SPOT_WINDOWS, Plan, PlanRequest, PlanSet, quote, rank_plans
-from pricing.catalog import NO_PRICE, Offer, OfferTable
+from broker.bundled import bundled_throughput_model
+from broker.core.offers import NO_PRICE, Offer, OfferTable
+from broker.core.planner import SPOT_WINDOWS, Plan, PlanRequest, PlanSet, rank_plans
+from broker.services.planning import Planning
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
@@ -343,8 +345,7 @@ def test_every_plan_meets_every_constraint(catalog, req) -> None:
 
 
 def test_quote_turns_a_job_spec_into_ranked_plans() -> None:
-    from broker.spec import JobSpec
-    from broker.throughput import ThroughputModel
+    from broker.services.job_spec import JobSpec
 
     offers = OfferTable.from_offers(
         [
@@ -363,7 +364,7 @@ def test_quote_turns_a_job_spec_into_ranked_plans() -> None:
             "checkpoint": {"interval_minutes": 30, "size_gb": 0},
         }
     )
-    result = quote(spec, offers, ThroughputModel.bundled(), NOW)
+    result = Planning(offers, bundled_throughput_model()).quote(spec, NOW)
     assert {p.offer_index for p in result.plans} == {0}
     on_demand = next(p for p in result.plans if p.market == "on_demand")
     # 10 reference V100-hours on one V100 (host needs met): 10 h + 0.1 h startup

@@ -7,14 +7,14 @@ from datetime import timedelta
 import pytest
 from sqlmodel import Session
 
-from broker import admission, lifecycle
-from broker.errors import BudgetExceeded
-from broker.jobs import JobStatus
-from broker.ledger import job_reserved
-from broker.models import Job, ThroughputCorrection
-from broker.planning import get_planning, quote_job
-from broker.spec import JobSpec
-from broker.teams import create_team
+from broker.core.errors import BudgetExceeded
+from broker.core.job_status import JobStatus
+from broker.db.models import Job, ThroughputCorrection
+from broker.services import admission, lifecycle
+from broker.services.job_spec import JobSpec
+from broker.services.ledger import job_reserved
+from broker.services.planning import get_planning, quote_job
+from broker.services.teams import create_team
 from tests.helpers import SPOT_PLAN, SPOT_PRICE, job_spec
 
 

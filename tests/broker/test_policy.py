@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from broker.policy import (
+from broker.core.policy import (
     POLICIES,
     Action,
     AvailabilityHistory,
@@ -13,9 +13,9 @@ from broker.policy import (
     Instance,
     PolicyState,
 )
-from broker.policy_batch import BATCH_POLICIES, BatchState
-from broker.spot_mdp import solve
-from broker.spot_model import fit_chain
+from broker.core.policy_vectorized import BATCH_POLICIES, BatchState
+from broker.core.spot_chain import fit_chain
+from broker.core.spot_mdp import solve
 
 ZONES = ("us-east-1a", "us-east-1c", "us-east-1d")
 

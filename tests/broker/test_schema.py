@@ -6,7 +6,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlmodel import SQLModel
 
-import broker.models  # noqa: F401
+import broker.db.models  # noqa: F401
 
 
 def test_upgrade_head_matches_models(engine):

@@ -7,21 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.optimal import optimal_costs
-from broker.policy_batch import BATCH_POLICIES
-from broker.simulate import (
-    JobSpec,
-    Ticks,
-    simulate,
-    simulate_runs,
-    simulate_ticks,
-    start_offsets,
-    zone_matrix,
-)
+from broker.core.policy_vectorized import BATCH_POLICIES
+from broker.sim.hindsight import optimal_costs
+from broker.sim.scenario import Ticks, TraceJob, start_offsets, zone_matrix
+from broker.sim.simulator import simulate, simulate_runs, simulate_ticks
 from pricing.traces import Trace
 
 # 0.1 h ticks; 4 h of work in 6 h; 0.2 h restart; spot $1/h, on-demand $3/h
-JOB = JobSpec(
+JOB = TraceJob(
     work_hours=4.0, deadline_hours=6.0, restart_hours=0.2, spot_price=1.0, on_demand_price=3.0
 )
 
@@ -65,7 +58,7 @@ EXPECTED = {
 }
 
 
-def costs(traces: list[Trace], job: JobSpec = JOB) -> dict[str, float]:
+def costs(traces: list[Trace], job: TraceJob = JOB) -> dict[str, float]:
     offsets = np.array([0])
     result = {name: float(simulate(name, traces, job, offsets).cost[0]) for name in BATCH_POLICIES}
     matrix, gap = zone_matrix(traces)
@@ -95,7 +88,7 @@ def test_no_deadline_missed_and_finish_times_on_the_outage_trace() -> None:
 
 
 def test_hours_become_whole_ticks_conservatively() -> None:
-    ticks = Ticks.of(JobSpec(48.0, 52.8, 0.1, 0.92, 3.06), 195.0)
+    ticks = Ticks.of(TraceJob(48.0, 52.8, 0.1, 0.92, 3.06), 195.0)
     assert (ticks.work, ticks.deadline, ticks.restart) == (887, 974, 2)
 
 
@@ -122,7 +115,7 @@ def test_optimal_is_a_lower_bound_and_nobody_misses_a_feasible_deadline(
     flips = rng.random((zones, length)) > stickiness  # runs of availability
     available = (np.cumsum(flips, axis=1) + rng.integers(0, 2, (zones, 1))) % 2 == 1
     traces = [Trace(f"z{z}", f"z{z}", "V100", 1, 360.0, available[z]) for z in range(zones)]
-    job = JobSpec(work * 0.1, (work + restart + extra) * 0.1, restart * 0.1, 1.0, 3.0)
+    job = TraceJob(work * 0.1, (work + restart + extra) * 0.1, restart * 0.1, 1.0, 3.0)
     offsets = start_offsets(length, 5)
     matrix, gap = zone_matrix(traces)
     best = optimal_costs(matrix, offsets, Ticks.of(job, gap), job)
@@ -137,7 +130,7 @@ def test_runs_simulated_together_match_each_run_alone() -> None:
     zones = [Trace(f"z{i}", f"z{i}", "V100", 1, 360.0, rng.random(300) < 0.6) for i in range(2)]
     matrix, gap = zone_matrix(zones)
     offsets = start_offsets(matrix.shape[1], 20)
-    jobs = [JobSpec(4.0, 6.0, 0.2, 1.0, 3.0), JobSpec(8.0, 9.0, 0.5, 1.0, 3.0)]
+    jobs = [TraceJob(4.0, 6.0, 0.2, 1.0, 3.0), TraceJob(8.0, 9.0, 0.5, 1.0, 3.0)]
     runs = [(Ticks.of(job, gap), job) for job in jobs]
     labels = ("z0", "z1")
     for name, decide in BATCH_POLICIES.items():

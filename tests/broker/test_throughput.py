@@ -5,16 +5,15 @@ from __future__ import annotations
 import csv
 import math
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import gpu_specs
-from broker.gpu_specs import MAX_GPU_COUNT, bundled_measurements
-from broker.throughput import (
+from broker.bundled import GAVEL_CSV, bundled_measurements, bundled_throughput_model
+from broker.core.gpu_specs import MAX_GPU_COUNT
+from broker.core.throughput import (
     HostNeeds,
     ThroughputModel,
     Workload,
@@ -22,7 +21,7 @@ from broker.throughput import (
     update_correction,
 )
 
-MODEL = ThroughputModel.bundled()
+MODEL = bundled_throughput_model()
 MEASURED = {"K80", "P100", "V100", "V100-32GB"}
 CONFIGS = bundled_measurements().configs
 
@@ -35,7 +34,7 @@ def _rate(model: str, batch: int | None, gpu: str, count: int, **host: float) ->
 
 
 def _csv_rows() -> list[dict[str, str]]:
-    text = (Path(gpu_specs.__file__).with_name("data") / "gavel-isolated.csv").read_text()
+    text = GAVEL_CSV.read_text()
     return [r for r in csv.DictReader(text.splitlines()) if r["consolidated"] == "true"]
 
 
@@ -265,7 +264,7 @@ LOO_BOUNDS = {
 
 @pytest.mark.parametrize("gpu", sorted(LOO_BOUNDS))
 def test_leave_one_gpu_out_error_stays_bounded(gpu: str) -> None:
-    errors = leave_one_gpu_out_error(gpu)
+    errors = leave_one_gpu_out_error(bundled_measurements(), gpu)
     assert errors["rows"] >= 70
     for key, bound in LOO_BOUNDS[gpu].items():
         assert errors[key] <= bound, (gpu, key, errors[key])

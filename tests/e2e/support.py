@@ -16,7 +16,7 @@ import httpx
 import pytest
 from sqlmodel import Session, select
 
-from broker.jobs import TERMINAL
+from broker.core.job_status import TERMINAL
 from tests.helpers import drop_postgres, fresh_postgres, reachable
 
 PG_BASE = os.environ.get("BROKER_TEST_DATABASE_URL")
@@ -37,7 +37,7 @@ def backend_stack(
     PostgreSQL database, dropped afterwards, and ``celery`` ("rabbitmq", "redis", or
     "filesystem"), skipped when its server is not running.
     """
-    from broker.localstack import EmbeddedStack
+    from broker.devstack.stack import EmbeddedStack
 
     database_url = celery_url = created = None
     if PG_BASE:
@@ -138,10 +138,10 @@ class Api:
 def assert_ledger_matches_attempts(job_id: str) -> list[Any]:
     """Spend booked for the job == sum over attempts of billed seconds x price, exactly, and
     nothing left reserved; returns the job's attempts."""
-    from broker.db import get_engine
-    from broker.ledger import job_reserved, job_spent
-    from broker.models import Attempt
-    from broker.money import cost_micros
+    from broker.core.money import cost_micros
+    from broker.db.engine import get_engine
+    from broker.db.models import Attempt
+    from broker.services.ledger import job_reserved, job_spent
 
     with Session(get_engine()) as session:
         attempts = list(session.exec(select(Attempt).where(Attempt.job_id == job_id)).all())

@@ -49,8 +49,8 @@ return false;
 def ran_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
     """The embedded stack after four of the demo's jobs finished; yields (stack, client)."""
     from broker import clock
-    from broker.demo import TERMINAL, DemoClient, demo_jobs
-    from broker.localstack import EmbeddedStack
+    from broker.devstack.demo import TERMINAL, DemoClient, demo_jobs
+    from broker.devstack.stack import EmbeddedStack
 
     with EmbeddedStack(tmp_path_factory.mktemp("dashboard"), scale=1200.0) as stack:
         client = DemoClient(stack.api_url, stack.admin_token)

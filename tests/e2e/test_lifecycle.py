@@ -65,8 +65,8 @@ def test_job_succeeds_and_its_ledger_equals_billed_seconds_times_price(stack: An
 
 
 def test_preemption_resumes_from_the_latest_checkpoint(stack: Any) -> None:
-    from broker.db import get_engine
-    from broker.models import Attempt
+    from broker.db.engine import get_engine
+    from broker.db.models import Attempt
 
     api = Api(stack)
     job = api.submit(api.spec(hours=3.0, market="spot"))
@@ -96,8 +96,8 @@ def test_preemption_resumes_from_the_latest_checkpoint(stack: Any) -> None:
 
 
 def test_capacity_error_in_one_zone_moves_to_the_next_plan(stack: Any) -> None:
-    from broker.db import get_engine
-    from broker.models import Attempt
+    from broker.db.engine import get_engine
+    from broker.db.models import Attempt
 
     api = Api(stack)
     spec = api.spec(hours=1.5, market="spot")
@@ -119,8 +119,8 @@ def test_capacity_error_in_one_zone_moves_to_the_next_plan(stack: Any) -> None:
 
 
 def test_auto_job_on_on_demand_moves_back_to_spot_when_spot_returns(stack: Any) -> None:
-    from broker.db import get_engine
-    from broker.models import Attempt
+    from broker.db.engine import get_engine
+    from broker.db.models import Attempt
 
     api = Api(stack)
     spec = api.spec(hours=5.0, deadline_hours=14.0, market="auto")
@@ -171,7 +171,7 @@ def test_cancel_terminates_the_instance(stack: Any) -> None:
 
 
 def test_job_whose_max_cost_runs_out_stops_without_overspending(stack: Any) -> None:
-    from broker.money import to_micros
+    from broker.core.money import to_micros
 
     api = Api(stack)
     spec = api.spec(hours=3.0, market="on_demand")

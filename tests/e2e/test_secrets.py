@@ -54,8 +54,8 @@ def _where(lines: list[str], tokens: dict[str, str]) -> list[str]:
 
 
 def test_tokens_never_appear_in_logs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from broker.models import Attempt
-    from broker.runner import agent_token
+    from broker.db.models import Attempt
+    from broker.services.runner import agent_token
 
     caplog.set_level(logging.DEBUG)
     with backend_stack(tmp_path / "stack", celery="filesystem", log_level="info") as (stack, _):
@@ -74,7 +74,7 @@ def test_tokens_never_appear_in_logs(tmp_path: Path, caplog: pytest.LogCaptureFi
             assert time.monotonic() < deadline, f"{instance} still running after cancel"
             time.sleep(0.3)
 
-        from broker.db import get_engine
+        from broker.db.engine import get_engine
 
         with Session(get_engine()) as session:
             attempt_ids = session.exec(select(Attempt.id)).all()

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from broker.jobs import TERMINAL
+from broker.core.job_status import TERMINAL
 from tests.e2e.support import (
     PG_BASE,
     Api,

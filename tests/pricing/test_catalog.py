@@ -7,7 +7,9 @@ import csv
 import numpy as np
 import pytest
 
-from pricing.catalog import AWS_CSV, NO_PRICE, Offer, OfferTable, bundled_catalog, load_aws_csv
+from broker.core.offers import NO_PRICE, Offer, OfferTable
+from pricing.aws_catalog import AWS_CSV, load_aws_csv
+from pricing.catalog import bundled_catalog
 from pricing.gcp_catalog import GCP_CSV, N1_GPUS, load_gcp_offers
 from pricing.spot_risk import bundled_risk_model
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from moto import mock_aws
 
-from pricing.catalog import Offer, OfferTable, bundled_catalog
+from broker.core.offers import Offer, OfferTable
+from pricing.catalog import bundled_catalog
 from pricing.refresh import refresh_aws, refresh_gcp
 from providers.local.gce_fake import GceFake
 

@@ -7,11 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, HTTPException, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker import lifecycle
 from broker.api.deps import NowDep, SessionDep
 from broker.api.errors import error_responses
 from broker.api.schemas import ResourceId
-from broker.spec import PRINTABLE
+from broker.services import lifecycle
+from broker.services.job_spec import PRINTABLE
 
 router = APIRouter(prefix="/v1/attempts", tags=["agent"])
 

@@ -6,14 +6,14 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from broker import teams
 from broker.api.deps import NowDep, SessionDep, TeamDep
 from broker.api.errors import error_responses
 from broker.api.present import budget_out
 from broker.api.schemas import BudgetOut, SpendOut, SpendRow
-from broker.ledger import spend_report
-from broker.money import format_usd
-from broker.spec import Time
+from broker.core.money import format_usd
+from broker.services import teams
+from broker.services.job_spec import Time
+from broker.services.ledger import spend_report
 
 router = APIRouter(prefix="/v1", tags=["budget"], responses=error_responses(401, 403))
 

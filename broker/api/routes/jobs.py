@@ -6,13 +6,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Header, Query, Response, status
 
-from broker import admission, dispatch, ledger, lifecycle, queries
 from broker.api.deps import NowDep, SessionDep, TeamDep
 from broker.api.errors import INFEASIBLE_OR_INVALID, error_responses
 from broker.api.present import job_out, job_summary
 from broker.api.schemas import ID_PATTERN, JobOut, JobPage, ResourceId
-from broker.jobs import JobStatus
-from broker.spec import PRINTABLE, JobSpec
+from broker.core.job_status import JobStatus
+from broker.services import admission, dispatch, ledger, lifecycle
+from broker.services import job_views as queries
+from broker.services.job_spec import PRINTABLE, JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 403))
 

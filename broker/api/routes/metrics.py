@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from broker.api.deps import NowDep, SessionDep
 from broker.logs import configure_logging
-from broker.metrics import render
+from broker.services.metrics import render
 from broker.settings import get_settings
 
 

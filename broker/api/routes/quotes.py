@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from broker.admission import check_deadline
 from broker.api.deps import NowDep, SessionDep, TeamDep
 from broker.api.errors import INFEASIBLE_OR_INVALID, error_responses
 from broker.api.schemas import PlanOut
-from broker.planning import plan_fields, quote_job
-from broker.spec import JobSpec
+from broker.services.admission import check_deadline
+from broker.services.job_spec import JobSpec
+from broker.services.planning import plan_fields, quote_job
 
 router = APIRouter(prefix="/v1", tags=["quotes"], responses=error_responses(401, 403))
 

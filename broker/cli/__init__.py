@@ -1,0 +1,5 @@
+"""The ``broker`` command line (Typer + Rich): one module per command group."""
+
+from broker.cli.app import app
+
+__all__ = ["app"]

@@ -1,0 +1,290 @@
+"""Rank plans for a job over the whole offer table at once (pure numpy, no I/O).
+
+Per offer, with work W, rate r (work/hour), startup s, checkpoint interval c, checkpoint
+write/restore time t = size_gb * seconds_per_gb / 3600:
+
+- on-demand hours ``H = s + W/r + (W/r)/c * t``; cost ``p_od * H``; sure to finish.
+- spot: preemptions ``N ~ Poisson(lambda * H)``; each loses ``L = c/2 + s + t``, so an
+  uninterrupted-budget run takes ``T = H + N*L`` (mean ``H + lambda*H*L``). A plan gives
+  spot a window ``w_k = H + k*L`` (room for k preemptions), k from ``SPOT_WINDOWS``:
+
+  * market "spot": stop at ``w_k``. Expected cost ``p_s * E[min(T, w_k)]``, worst case
+    ``p_s * w_k``, ``p_deadline = P(N <= k)``. k is the smallest window whose
+    ``P(N <= k) >= min_spot_success``; the plan needs ``w_k <= deadline``.
+  * market "auto": spot for at most ``w_k``, then the whole job again on on-demand of the
+    same offer. Worst case ``p_s * w_k + p_od * H`` (slack burnt on spot, then all work on
+    on-demand); expected cost ``p_s * E[min(T, w_k)] + P(N > k) * p_od * H``; needs
+    ``w_k + H <= deadline``; ``p_deadline = 1``. k minimises the expected cost (in whole
+    micro-dollars; the smaller window on a tie).
+
+Each plan's figures depend on the deadline and budget only through which windows are
+allowed, so a tighter deadline or budget can only remove options, never cheapen one.
+Plans whose worst case exceeds ``max_cost`` are dropped; the rest rank by expected cost,
+then expected hours, then offer row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from broker.core.offers import OfferTable
+
+Market = Literal["auto", "spot", "on_demand"]
+SPOT_WINDOWS = np.array([0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64])
+_J = np.arange(1, SPOT_WINDOWS[-1] + 1, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A job's needs in planner units: hours from now, micro-dollars, work units."""
+
+    gpus: int
+    total_work: float
+    deadline_hours: float
+    max_cost_micros: int
+    gpu_types: tuple[str, ...] | None = None
+    min_gpu_memory_gb: float | None = None
+    providers: tuple[str, ...] | None = None
+    regions: tuple[str, ...] | None = None
+    vcpus_per_gpu: float | None = None
+    ram_gb_per_gpu: float | None = None
+    market: Market = "auto"
+    checkpoint_interval_hours: float = 0.5
+    checkpoint_size_gb: float = 5.0
+    checkpoint_seconds_per_gb: float = 10.0
+    min_spot_success: float = 0.9
+    top_n: int = 20
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An offer run on one market, with its time, cost and deadline odds."""
+
+    offer_index: int
+    provider: str
+    region: str
+    zone: str
+    instance_type: str
+    gpu: str
+    gpu_count: int
+    market: Literal["spot", "on_demand"]
+    price_per_hour_micros: int
+    expected_hours: float
+    expected_cost_micros: int
+    worst_case_cost_micros: int
+    p_deadline: float
+    spot_window_hours: float | None = None  # spot time before stopping / falling back
+    on_demand_fallback: bool = False
+
+
+@dataclass(frozen=True)
+class Infeasible:
+    """Why no plan fits, with the figure the API message quotes."""
+
+    reason: Literal["no_matching_offer", "over_budget", "too_slow"]
+    message: str
+    cheapest_on_time_worst_case_micros: int | None = None
+    earliest_finish_hours: float | None = None
+
+
+@dataclass(frozen=True)
+class PlanSet:
+    """Ranked plans, the cheapest on-time on-demand plan (ignoring max_cost), and why-not."""
+
+    plans: list[Plan]
+    cheapest_on_demand: Plan | None
+    infeasible_reason: Infeasible | None
+
+
+def resource_mask(request: PlanRequest, offers: OfferTable) -> np.ndarray:
+    """Offers with exactly ``gpus`` GPUs that pass every resource filter given."""
+    mask = offers.gpu_count == request.gpus
+    if request.gpu_types is not None:
+        mask &= np.isin(offers.gpu, request.gpu_types)
+    if request.providers is not None:
+        mask &= np.isin(offers.provider, request.providers)
+    if request.regions is not None:
+        mask &= np.isin(offers.region, request.regions)
+    if request.min_gpu_memory_gb is not None:
+        mask &= offers.gpu_memory_gb >= request.min_gpu_memory_gb
+    if request.vcpus_per_gpu is not None:
+        mask &= offers.vcpus >= request.vcpus_per_gpu * offers.gpu_count
+    if request.ram_gb_per_gpu is not None:
+        mask &= offers.ram_gb >= request.ram_gb_per_gpu * offers.gpu_count
+    return mask
+
+
+def _poisson_tables(mu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """P(N <= k) and sum_{j<=k} j P(N = j) at every k of SPOT_WINDOWS, per row of ``mu``."""
+    # mu = risk * hours repeats across zones and regions: compute each distinct value once.
+    unique, inverse = np.unique(mu, return_inverse=True)
+    steps = np.concatenate([np.ones((len(unique), 1)), unique[:, None] / _J[None, :]], axis=1)
+    pmf = np.exp(-unique)[:, None] * np.cumprod(steps, axis=1)
+    cdf = np.minimum(np.cumsum(pmf, axis=1), 1.0)
+    first_moment = np.cumsum(pmf * np.arange(pmf.shape[1]), axis=1)
+    inverse = inverse.reshape(-1)
+    return cdf[:, SPOT_WINDOWS][inverse], first_moment[:, SPOT_WINDOWS][inverse]
+
+
+def _ceil_micros(x: np.ndarray) -> np.ndarray:
+    return np.ceil(x).astype(np.int64)
+
+
+@dataclass
+class _Candidates:
+    index: np.ndarray
+    spot: bool
+    hours: np.ndarray
+    cost: np.ndarray
+    worst: np.ndarray
+    p: np.ndarray
+    window: np.ndarray
+    feasible: np.ndarray  # deadline (and success odds) only; max_cost applied later
+
+
+def _on_demand(
+    idx: np.ndarray, hours: np.ndarray, price: np.ndarray, deadline: float
+) -> _Candidates:
+    cost = _ceil_micros(price * hours)
+    ones = np.ones(len(idx))
+    return _Candidates(idx, False, hours, cost, cost, ones, ones * np.nan, hours <= deadline)
+
+
+def _spot(
+    request: PlanRequest,
+    idx: np.ndarray,
+    hours: np.ndarray,
+    lost: np.ndarray,
+    p_spot: np.ndarray,
+    p_od: np.ndarray,
+    risk: np.ndarray,
+) -> _Candidates:
+    """Spot (market "spot") or spot-then-on-demand (market "auto"), one window per offer."""
+    cdf, moment = _poisson_tables(risk * hours)
+    window = hours[:, None] + SPOT_WINDOWS[None, :] * lost[:, None]
+    on_spot = cdf * hours[:, None] + moment * lost[:, None] + (1.0 - cdf) * window
+    if request.market == "spot":
+        cost = p_spot[:, None] * on_spot
+        worst = _ceil_micros(p_spot[:, None] * window)
+        expected_hours = on_spot
+        on_time = (cdf >= request.min_spot_success) & (window <= request.deadline_hours)
+    else:
+        fallback = (1.0 - cdf) * hours[:, None]
+        cost = p_spot[:, None] * on_spot + p_od[:, None] * fallback
+        worst = _ceil_micros(p_spot[:, None] * window + p_od[:, None] * hours[:, None])
+        expected_hours = on_spot + fallback
+        on_time = window + hours[:, None] <= request.deadline_hours
+    fits = on_time & (worst <= request.max_cost_micros)
+    # The cheapest window (in whole micro-dollars) within budget, the smallest such window
+    # on ties so the worst case is no larger than needed; with none within budget, the
+    # on-time window with the smallest worst case, which the infeasibility message quotes.
+    cost_micros = _ceil_micros(np.where(fits, cost, 0.0))
+    cheapest = np.where(fits, cost_micros, np.iinfo(np.int64).max).min(axis=1)
+    best = fits & (cost_micros == cheapest[:, None])
+    k = np.where(
+        fits.any(axis=1),
+        np.argmax(best, axis=1),
+        np.argmin(np.where(on_time, worst, np.iinfo(np.int64).max), axis=1),
+    )
+    rows = np.arange(len(idx))
+    p = cdf[rows, k] if request.market == "spot" else np.ones(len(idx))
+    return _Candidates(
+        idx,
+        True,
+        expected_hours[rows, k],
+        _ceil_micros(cost[rows, k]),
+        worst[rows, k],
+        p,
+        window[rows, k],
+        on_time.any(axis=1),
+    )
+
+
+def _plan(offers: OfferTable, c: _Candidates, i: int, fallback: bool) -> Plan:
+    o = int(c.index[i])
+    price = offers.spot_micros_per_hour[o] if c.spot else offers.on_demand_micros_per_hour[o]
+    return Plan(
+        offer_index=o,
+        provider=str(offers.provider[o]),
+        region=str(offers.region[o]),
+        zone=str(offers.zone[o]),
+        instance_type=str(offers.instance_type[o]),
+        gpu=str(offers.gpu[o]),
+        gpu_count=int(offers.gpu_count[o]),
+        market="spot" if c.spot else "on_demand",
+        price_per_hour_micros=int(price),
+        expected_hours=float(c.hours[i]),
+        expected_cost_micros=int(c.cost[i]),
+        worst_case_cost_micros=int(c.worst[i]),
+        p_deadline=float(c.p[i]),
+        spot_window_hours=float(c.window[i]) if c.spot else None,
+        on_demand_fallback=fallback,
+    )
+
+
+def _ranked(groups: list[_Candidates], keep: list[np.ndarray], n: int) -> list[tuple[int, int]]:
+    """(group, position) of the best ``n`` kept candidates: cost, hours, offer, market."""
+    g = np.concatenate([np.full(int(m.sum()), j) for j, m in enumerate(keep)])
+    pos = np.concatenate([np.flatnonzero(m) for m in keep])
+    cost = np.concatenate([c.cost[m] for c, m in zip(groups, keep, strict=True)])
+    hours = np.concatenate([c.hours[m] for c, m in zip(groups, keep, strict=True)])
+    offer = np.concatenate([c.index[m] for c, m in zip(groups, keep, strict=True)])
+    order = np.lexsort((g, offer, hours, cost))[:n]
+    return [(int(g[i]), int(pos[i])) for i in order]
+
+
+def rank_plans(
+    request: PlanRequest, offers: OfferTable, work_per_hour: np.ndarray, startup_hours: float = 0.1
+) -> PlanSet:
+    """Feasible plans ranked by expected cost (see the module docstring for the model)."""
+    idx = np.flatnonzero(resource_mask(request, offers) & (work_per_hour > 0))
+    c_int = request.checkpoint_interval_hours
+    ckpt = request.checkpoint_size_gb * request.checkpoint_seconds_per_gb / 3600.0
+    compute = request.total_work / work_per_hour[idx]
+    hours = startup_hours + compute + compute / c_int * ckpt
+    lost = np.full(len(idx), c_int / 2.0 + startup_hours + ckpt)
+    p_od = offers.on_demand_micros_per_hour[idx].astype(np.float64)
+    p_spot = offers.spot_micros_per_hour[idx].astype(np.float64)
+    max_cost = request.max_cost_micros
+
+    o = p_od >= 0  # rows with no published price have no plan on that market
+    od = _on_demand(idx[o], hours[o], p_od[o], request.deadline_hours)
+    groups, keep = [od], [od.feasible & (od.worst <= max_cost) & (request.market != "spot")]
+    if request.market != "on_demand":
+        s = (p_spot >= 0) & (o if request.market == "auto" else True)
+        sp = _spot(request, idx[s], hours[s], lost[s], p_spot[s], p_od[s], offers.spot_risk[idx[s]])
+        groups.append(sp)
+        keep.append(sp.feasible & (sp.worst <= max_cost))
+    fallback = request.market == "auto"
+    plans = [
+        _plan(offers, groups[g], i, fallback and g == 1)
+        for g, i in _ranked(groups, keep, request.top_n)
+    ]
+    best_od = _ranked([od], [od.feasible], 1)
+    cheapest_od = _plan(offers, od, best_od[0][1], False) if best_od else None
+    allowed = groups[1:] if request.market == "spot" else groups
+    why = None if plans else _explain(allowed, hours, max_cost)
+    return PlanSet(plans, cheapest_od, why)
+
+
+def _explain(groups: list[_Candidates], hours: np.ndarray, max_cost: int) -> Infeasible:
+    if len(hours) == 0:
+        return Infeasible("no_matching_offer", "no offer matches the resource constraints")
+    worst = np.concatenate([c.worst[c.feasible] for c in groups])
+    if len(worst):
+        cheapest = int(worst.min())
+        return Infeasible(
+            "over_budget",
+            f"no plan meets the deadline within max_cost ({max_cost} micro-USD); the "
+            f"cheapest on-time plan has a worst case of {cheapest} micro-USD",
+            cheapest_on_time_worst_case_micros=cheapest,
+        )
+    earliest = float(hours.min())
+    return Infeasible(
+        "too_slow",
+        f"no plan meets the deadline; the earliest possible finish is {earliest:.2f} h",
+        earliest_finish_hours=earliest,
+    )

@@ -1,0 +1,97 @@
+"""Engine and sessions: SQLite (WAL, foreign keys, immediate write transactions) or PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine, make_url
+from sqlmodel import Session, create_engine
+
+from broker.settings import get_settings
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite gets WAL, foreign keys and BEGIN IMMEDIATE transactions."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+        # Let SQLAlchemy, not pysqlite, decide when transactions begin (see "begin" below).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection) -> None:  # type: ignore[no-untyped-def]
+        # Writers take the write lock up front (see begin_write), so read-then-write
+        # transactions queue on busy_timeout instead of failing on lock upgrade; readers
+        # stay deferred and never hold the lock across a thread hop.
+        if connection.get_execution_options().get(_WRITE):
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            connection.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+@lru_cache
+def get_engine() -> Engine:
+    """The process-wide engine for the configured database."""
+    return make_engine(get_settings().resolved_database_url)
+
+
+_WRITE = "broker_write"
+
+
+def begin_write(session: Session) -> None:
+    """Start the session's transaction as a write transaction.
+
+    On SQLite this is BEGIN IMMEDIATE (a read transaction that is open is committed first, so
+    call this before the reads that the write depends on); on PostgreSQL a plain BEGIN, with
+    rows locked where needed by FOR UPDATE.
+    """
+    if session.get_bind().dialect.name != "sqlite":
+        return
+    if session.in_transaction():
+        if session.connection().get_execution_options().get(_WRITE):
+            return
+        session.commit()
+    session.connection(execution_options={_WRITE: True})
+
+
+def is_postgres(session: Session) -> bool:
+    """Whether the session talks to PostgreSQL (row locks with FOR UPDATE)."""
+    bind = session.get_bind()
+    return bind.dialect.name == "postgresql"
+
+
+@contextmanager
+def session_scope(engine: Engine | None = None) -> Iterator[Session]:
+    """One unit of work: commit on success, roll back on error."""
+    with Session(engine or get_engine(), expire_on_commit=False) as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+
+
+def create_schema(engine: Engine | None = None) -> None:
+    """Bring the database to the newest schema through Alembic."""
+    from broker.db.migrate import upgrade
+
+    upgrade(engine or get_engine())

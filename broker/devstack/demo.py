@@ -1,0 +1,396 @@
+"""``broker demo``: the whole broker on this machine, about twenty jobs, a live view, a summary.
+
+Everything goes through the REST API, as a team would use it: two teams with budgets,
+quotes (for the on-demand-only cost each job is compared with), submissions (one refused
+for the team's budget, one as infeasible), then a live table until every job has finished.
+A spot outage in the most used zone at about one simulated hour shows preemptions and
+resumption from checkpoints on top of what the replayed real traces do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+
+from broker import clock
+from broker.bundled import bundled_throughput_model
+from broker.core.job_status import TERMINAL
+from broker.core.throughput import Workload
+
+
+@dataclass
+class DemoJob:
+    """One job the demo submits: its team, spec and what the demo expects of it."""
+
+    team: str
+    spec: dict[str, Any]
+    expect: str = "accepted"  # accepted | over_budget | infeasible
+    id: str | None = None
+    refusal: str | None = None
+    on_demand_cost: Decimal | None = None
+    final: dict[str, Any] = field(default_factory=dict)
+
+
+def _steps(model: str, batch: int, gpu: str, gpus: int, hours: float) -> int:
+    """Steps that take ``hours`` on ``gpus`` x ``gpu`` by the throughput model."""
+    rate = bundled_throughput_model().work_per_hour(
+        Workload(model=model, batch_size=batch, steps=1), np.array([gpu]), np.array([gpus])
+    )[0]
+    return max(int(rate * hours), 1)
+
+
+def demo_jobs(now: datetime) -> list[DemoJob]:
+    """Twenty varied jobs for two teams, plus one over budget and one infeasible."""
+
+    def spec(
+        name: str,
+        workload: dict[str, Any],
+        deadline_h: float,
+        max_cost: str,
+        gpus: int = 1,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "name": name,
+            "workload": workload,
+            "resources": {"gpus": gpus, **extra.pop("resources", {})},
+            "deadline": (now + timedelta(hours=deadline_h)).isoformat(),
+            "max_cost": max_cost,
+            "checkpoint": {"interval_minutes": 30, "size_gb": 5},
+        }
+        body.update(extra)
+        return body
+
+    def model(name: str, batch: int, gpu: str, gpus: int, hours: float) -> dict[str, Any]:
+        return {"model": name, "batch_size": batch, "steps": _steps(name, batch, gpu, gpus, hours)}
+
+    vision = [
+        spec("resnet50-imagenet", model("ResNet-50", 128, "V100", 1, 4), 9, "40.00"),
+        spec("resnet50-tight", model("ResNet-50", 128, "V100", 1, 3), 3.8, "40.00"),
+        spec("resnet18-cifar", model("ResNet-18", 256, "V100", 1, 2), 6, "20.00"),
+        spec("resnet18-2gpu", model("ResNet-18", 256, "V100", 2, 3), 8, "60.00", gpus=2),
+        spec("cyclegan-horses", model("CycleGAN", 1, "V100", 1, 3), 10, "30.00"),
+        spec(
+            "cyclegan-on-demand",
+            model("CycleGAN", 1, "V100", 1, 2),
+            6,
+            "40.00",
+            market="on_demand",
+        ),
+        spec(
+            "resnet50-cheap-gpus",
+            model("ResNet-50", 64, "T4", 1, 4),
+            12,
+            "30.00",
+            resources={"gpu_types": ["T4", "L4", "A10G"]},
+        ),
+        spec("a3c-atari", model("A3C", 4, "V100", 1, 2), 5, "20.00", market="spot"),
+        spec("ref-hours-v100", {"reference_gpu_hours": 3}, 8, "30.00"),
+        spec("resnet50-4gpu", model("ResNet-50", 128, "V100", 4, 3), 7, "150.00", gpus=4),
+    ]
+    nlp = [
+        spec("transformer-wmt", model("Transformer", 128, "V100", 1, 4), 9, "40.00"),
+        spec("transformer-2gpu", model("Transformer", 128, "V100", 2, 3), 6, "80.00", gpus=2),
+        spec("lm-wikitext", model("LM", 20, "V100", 1, 3), 7, "30.00"),
+        spec("lm-tight", model("LM", 20, "V100", 1, 2), 2.6, "30.00"),
+        spec("recsys-ml20m", model("Recommendation", 8192, "V100", 1, 2), 6, "20.00"),
+        spec(
+            "transformer-a100",
+            model("Transformer", 128, "A100", 1, 3),
+            8,
+            "60.00",
+            resources={"gpu_types": ["A100", "A100-80GB"]},
+        ),
+        spec("ref-hours-a100", {"reference_gpu_hours": 4, "reference_gpu": "A100"}, 10, "60.00"),
+        spec("lm-spot-only", model("LM", 20, "V100", 1, 2), 8, "20.00", market="spot"),
+        spec("recsys-2gpu", model("Recommendation", 8192, "V100", 2, 2), 6, "40.00", gpus=2),
+        spec("transformer-long", model("Transformer", 128, "V100", 1, 5), 12, "50.00"),
+    ]
+    jobs = [DemoJob("vision", s) for s in vision] + [DemoJob("nlp", s) for s in nlp]
+    jobs.append(
+        DemoJob(
+            "nlp",
+            spec(
+                "llm-pretrain-8gpu",
+                model("Transformer", 128, "V100", 8, 200),
+                400,
+                "5000.00",
+                gpus=8,
+            ),
+            expect="over_budget",
+        )
+    )
+    jobs.append(
+        DemoJob(
+            "vision",
+            spec("resnet50-by-lunch", model("ResNet-50", 128, "V100", 1, 30), 1, "500.00"),
+            expect="infeasible",
+        )
+    )
+    return jobs
+
+
+class DemoClient:
+    """The demo's REST calls (admin and team keys)."""
+
+    def __init__(self, api_url: str, admin_token: str) -> None:
+        self.http = httpx.Client(base_url=api_url, timeout=30)
+        self.admin = {"Authorization": f"Bearer {admin_token}"}
+        self.keys: dict[str, dict[str, str]] = {}
+        self.team_ids: dict[str, str] = {}
+
+    def team(self, name: str, limit: str) -> None:
+        body = {"name": name, "budget": {"limit": limit, "period": "month", "alert_at": 0.8}}
+        team = self.http.post("/v1/teams", json=body, headers=self.admin)
+        team.raise_for_status()
+        self.team_ids[name] = team.json()["id"]
+        key = self.http.post(
+            f"/v1/teams/{team.json()['id']}/keys", json={"name": "demo"}, headers=self.admin
+        )
+        key.raise_for_status()
+        self.keys[name] = {"Authorization": f"Bearer {key.json()['token']}"}
+
+    def submit(self, job: DemoJob) -> None:
+        headers = self.keys[job.team]
+        quote = self.http.post("/v1/quotes", json=job.spec, headers=headers)
+        if quote.status_code == 200 and quote.json()["cheapest_on_demand"]:
+            job.on_demand_cost = Decimal(quote.json()["cheapest_on_demand"]["expected_cost"])
+        response = self.http.post("/v1/jobs", json=job.spec, headers=headers)
+        if response.status_code == 201:
+            job.id = response.json()["id"]
+        else:
+            detail = response.json().get("detail")
+            message = detail.get("message") if isinstance(detail, dict) else detail
+            job.refusal = f"{response.status_code} {message}"
+
+    def jobs(self, team: str) -> list[dict[str, Any]]:
+        response = self.http.get("/v1/jobs", params={"limit": 100}, headers=self.keys[team])
+        response.raise_for_status()
+        return list(response.json()["items"])
+
+    def job(self, team: str, job_id: str) -> dict[str, Any]:
+        response = self.http.get(f"/v1/jobs/{job_id}", headers=self.keys[team])
+        response.raise_for_status()
+        return dict(response.json())
+
+    def spend_by_job(self, team: str) -> dict[str, str]:
+        response = self.http.get("/v1/spend", params={"group_by": "job"}, headers=self.keys[team])
+        response.raise_for_status()
+        return {row["key"]: row["amount"] for row in response.json()["rows"]}
+
+    def budget(self, team: str) -> dict[str, Any]:
+        response = self.http.get("/v1/budget", headers=self.keys[team])
+        response.raise_for_status()
+        return dict(response.json())
+
+
+def live_table(jobs: list[DemoJob], rows: dict[str, dict], spend: dict[str, str]) -> Table:
+    """Status, progress, current plan and spend of every admitted job."""
+    table = Table(title=f"broker demo: simulated time {clock.now():%Y-%m-%d %H:%M} UTC")
+    for column in ("job", "team", "status", "progress", "on", "spent", "deadline in"):
+        table.add_column(column)
+    now = clock.now()
+    for job in jobs:
+        if job.id is None:
+            continue
+        row = rows.get(job.id)
+        if row is None:
+            continue
+        fraction = float(row["progress"]["fraction"])
+        plan = row.get("plan") or {}
+        where = f"{plan.get('gpu_count', '')}x{plan.get('gpu', '')} {plan.get('market', '')}"
+        left = (datetime.fromisoformat(row["deadline"]) - now).total_seconds() / 3600
+        table.add_row(
+            row["name"],
+            job.team,
+            row["status"],
+            ProgressBar(total=1.0, completed=fraction, width=20),
+            f"{where} {plan.get('zone', '')}",
+            f"${Decimal(spend.get(job.id, '0')):.2f}",
+            f"{left:.1f} h" if row["status"] not in TERMINAL else "-",
+        )
+    return table
+
+
+def summary_tables(jobs: list[DemoJob], budgets: dict[str, dict]) -> Group:
+    """Per job: plans, attempts, preemptions, cost vs on-demand, deadline; per team budget."""
+    per_job = Table(title="Jobs")
+    for column in (
+        "job",
+        "status",
+        "attempts",
+        "preempted",
+        "markets used",
+        "cost",
+        "on-demand cost",
+        "saved",
+        "deadline met",
+    ):
+        per_job.add_column(column)
+    for job in jobs:
+        if job.id is None:
+            continue
+        final = job.final
+        attempts = [a for a in final.get("attempts", []) if a["started_at"]]
+        used: dict[str, int] = {}
+        for a in attempts:
+            label = f"{a['market'].replace('on_demand', 'od')} {a['provider']}/{a['zone']}"
+            used[label] = used.get(label, 0) + 1
+        preemptions = sum(1 for a in attempts if a["end_reason"] == "preempted")
+        cost = Decimal(final.get("spent", "0"))
+        od = job.on_demand_cost
+        saved = f"{(1 - cost / od) * 100:.0f}%" if od and od > 0 else "-"
+        finished = final.get("finished_at")
+        met = (
+            final.get("status") == "succeeded"
+            and finished is not None
+            and datetime.fromisoformat(finished) <= datetime.fromisoformat(final["deadline"])
+        )
+        per_job.add_row(
+            job.spec["name"],
+            final.get("status", "?"),
+            str(len(final.get("attempts", []))),
+            str(preemptions),
+            ", ".join(f"{k} x{v}" if v > 1 else k for k, v in used.items()),
+            f"${cost:.2f}",
+            f"${od:.2f}" if od is not None else "-",
+            saved,
+            "yes" if met else "no",
+        )
+    teams = Table(title="Teams")
+    for column in ("team", "limit", "spent", "reserved", "left", "alert"):
+        teams.add_column(column)
+    for name, budget in budgets.items():
+        teams.add_row(
+            name,
+            f"${Decimal(budget['limit']):.2f}",
+            f"${Decimal(budget['spent']):.2f}",
+            f"${Decimal(budget['reserved']):.2f}",
+            f"${Decimal(budget['available']):.2f}",
+            "yes" if budget.get("alert") else "no",
+        )
+    return Group(per_job, teams)
+
+
+def _outage(stack: Any, rows: dict[str, dict]) -> str | None:
+    """Take spot away in the zone most running spot jobs use (as a real outage would)."""
+    zones: dict[tuple[str, str, str], int] = {}
+    for row in rows.values():
+        plan = row.get("plan") or {}
+        if row["status"] == "running" and plan.get("market") == "spot":
+            key = (plan["provider"], plan["region"], plan["zone"])
+            zones[key] = zones.get(key, 0) + 1
+    if not zones:
+        return None
+    provider, region, zone = max(zones, key=lambda k: zones[k])
+    name = zone
+    if provider == "aws":
+        from broker.settings import get_settings
+        from providers.aws import AwsProvider
+
+        name = AwsProvider.from_settings(get_settings()).resolve_zone(region, zone)
+    stack.cloud.market.set_available(provider, name, "*", False)
+    return f"{provider} {zone}"
+
+
+def run_demo(
+    console: Console,
+    *,
+    scale: float = 900.0,
+    wall_limit_seconds: float = 165.0,
+    data_dir: Path | None = None,
+    stay: bool = False,
+) -> bool:
+    """Run the demo; True when every admitted job finished and no instance is left."""
+    from broker.devstack.stack import EmbeddedStack
+
+    folder = data_dir or Path(tempfile.mkdtemp(prefix="broker-demo-"))
+    started = time.monotonic()
+    console.print(f"Starting the embedded stack in {folder} (clock x{scale:g}) ...")
+    with EmbeddedStack(folder, scale=scale, tick_seconds=1.0, reconcile_seconds=5.0) as stack:
+        console.print(
+            f"API {stack.api_url} (docs {stack.api_url}/docs), admin token {stack.admin_token}"
+        )
+        console.print(f"Dashboard: {stack.api_url}/ui (log in with the admin token)")
+        client = DemoClient(stack.api_url, stack.admin_token)
+        client.team("vision", "400.00")
+        client.team("nlp", "250.00")
+        jobs = demo_jobs(clock.now())
+        for job in jobs:
+            client.submit(job)
+        for job in jobs:
+            if job.refusal:
+                console.print(f"[yellow]refused[/yellow] {job.spec['name']}: {job.refusal}")
+            if (job.expect == "accepted") != (job.refusal is None):
+                console.print(f"[red]unexpected[/red]: {job.spec['name']} should be {job.expect}")
+        admitted = [j for j in jobs if j.id is not None]
+        outage_at = clock.now() + timedelta(hours=1)
+        outage: str | None = None
+        rows: dict[str, dict] = {}
+        spend: dict[str, str] = {}
+        with Live(console=console, refresh_per_second=2, transient=False) as live:
+            while time.monotonic() - started < wall_limit_seconds:
+                if not stack.worker_alive():
+                    console.print(f"[red]the Celery worker died[/red]: see {folder}/worker.log")
+                    break
+                rows = {r["id"]: r for team in client.keys for r in client.jobs(team)}
+                spend = {k: v for team in client.keys for k, v in client.spend_by_job(team).items()}
+                if outage is None and clock.now() >= outage_at:
+                    outage = _outage(stack, rows) or "none"
+                    if outage != "none":
+                        console.print(f"[red]spot outage[/red] in {outage}")
+                live.update(live_table(jobs, rows, spend))
+                if all(rows.get(j.id or "", {}).get("status") in TERMINAL for j in admitted):
+                    break
+                time.sleep(1.0)
+        for job in admitted:
+            assert job.id is not None
+            job.final = client.job(job.team, job.id)
+        budgets = {team: client.budget(team) for team in client.keys}
+        console.print(summary_tables(jobs, budgets))
+        for job in jobs:
+            if job.refusal:
+                console.print(f"refused as expected: {job.spec['name']}: {job.refusal}")
+        unfinished = [j.spec["name"] for j in admitted if j.final.get("status") not in TERMINAL]
+        deadline = time.monotonic() + 15
+        left = stack.running_instances()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.5)
+            left = stack.running_instances()
+        wall = time.monotonic() - started
+        if stay:
+            console.print(
+                f"The dashboard stays up at {stack.api_url}/ui (admin token "
+                f"{stack.admin_token}); Ctrl-C stops everything."
+            )
+            with contextlib.suppress(KeyboardInterrupt):
+                threading.Event().wait()
+    total_spent = sum(Decimal(j.final.get("spent", "0")) for j in admitted)
+    total_od = sum(j.on_demand_cost or Decimal(0) for j in admitted)
+    console.print(
+        f"{len(admitted)} jobs admitted, {len(jobs) - len(admitted)} refused; "
+        f"spent ${total_spent:.2f} vs ${total_od:.2f} on on-demand only; "
+        f"wall time {wall:.0f} s"
+    )
+    if unfinished:
+        console.print(f"[red]unfinished at the time limit:[/red] {', '.join(unfinished)}")
+    console.print(
+        "no instance left running in either local cloud"
+        if not left
+        else f"[red]instances still running: {left}[/red]"
+    )
+    return not unfinished and not left

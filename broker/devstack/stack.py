@@ -1,0 +1,355 @@
+"""The whole broker on one machine: API, Celery worker and beat, local clouds, simulated training.
+
+Used by ``broker demo``, ``broker serve`` and the end-to-end tests. The API and the Celery
+worker (with beat inside it) run as subprocesses, as in production; the local clouds, the
+market replay and the simulated training agents run in this process. Every process reads
+the same ``BROKER_*`` environment, so they share the database, the Celery transport and the
+scaled clock's epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from broker import clock
+from broker.clock import ScaledClock
+from broker.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the parent dies, so no worker outlives its stack."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a child and everything in its process group (a worker's pool processes)."""
+    import signal
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10)
+
+
+def wait_until_healthy(
+    url: str,
+    processes: Mapping[str, subprocess.Popen],
+    where: Callable[[str], str],
+    timeout: float = 60.0,
+) -> None:
+    """Poll ``url``/healthz until it answers 200; raise if one of ``processes`` exits first.
+
+    ``where(name)`` tells the error where to look (a log path, or the log itself).
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name, process in processes.items():
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with {process.returncode}; {where(name)}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    logs = "; ".join(where(name) for name in processes)
+    raise RuntimeError(f"{url} did not answer /healthz; {logs}")
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class EmbeddedStack:
+    """``with EmbeddedStack(folder) as stack:`` -> ``stack.api_url``, ``stack.admin_token``."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        scale: float = 600.0,
+        tick_seconds: float = 1.0,
+        reconcile_seconds: float = 5.0,
+        database_url: str | None = None,
+        celery_broker_url: str | None = None,
+        concurrency: int = 2,
+        workers: int = 1,
+        fault_rate: float = 0.0,
+        market_offset_seconds: float = 0.0,
+        training_interval_seconds: float = 0.25,
+        report_every_seconds: float = 300.0,
+        extra_env: Mapping[str, str] | None = None,
+        log_level: str = "warning",
+        admin_token: str | None = None,
+        api_port: int | None = None,
+        epoch: datetime | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.scale = scale
+        self.tick_seconds = tick_seconds
+        self.reconcile_seconds = reconcile_seconds
+        self.database_url = database_url or f"sqlite:///{self.data_dir / 'broker.db'}"
+        self.celery_broker_url = celery_broker_url
+        self.concurrency = concurrency
+        self.workers = workers
+        self.fault_rate = fault_rate
+        self.market_offset_seconds = market_offset_seconds
+        self.training_interval_seconds = training_interval_seconds
+        self.report_every_seconds = report_every_seconds
+        self.extra_env = dict(extra_env or {})
+        self.log_level = log_level
+        self.admin_token = admin_token or "adm_" + secrets.token_urlsafe(24)
+        self.api_port = api_port or free_port()
+        self.epoch = epoch
+        self.api_url = f"http://127.0.0.1:{self.api_port}"
+        self.cloud: Any = None
+        self.training: Any = None
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._saved_env: dict[str, str | None] = {}
+        self.env: dict[str, str] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> EmbeddedStack:
+        """Bring everything up; returns once the API answers."""
+        from providers.local.stack import LocalCloud
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        epoch = self.epoch or datetime.now(UTC)
+        scaled = ScaledClock(self.scale, epoch)
+        clock.set_clock(scaled)
+        self.cloud = LocalCloud(
+            fault_rate=0.0,
+            market_offset_seconds=self.market_offset_seconds,
+            clock=scaled,
+            market_interval_seconds=0.25,
+        )
+        try:
+            self.cloud.start()
+            self.env = {
+                **self.cloud.env,
+                "BROKER_DATA_DIR": str(self.data_dir),
+                "BROKER_DATABASE_URL": self.database_url,
+                "BROKER_ADMIN_TOKEN": self.admin_token,
+                "BROKER_AGENT_SECRET": secrets.token_urlsafe(24),
+                "BROKER_CLOCK_SCALE": str(self.scale),
+                "BROKER_CLOCK_EPOCH": epoch.isoformat(),
+                "BROKER_TICK_SECONDS": str(self.tick_seconds),
+                "BROKER_RECONCILE_SECONDS": str(self.reconcile_seconds),
+                "BROKER_API_URL": self.api_url,
+                **self.extra_env,
+            }
+            if self.celery_broker_url:
+                self.env["BROKER_CELERY_BROKER_URL"] = self.celery_broker_url
+            self._apply_env()
+            from broker.db.engine import create_schema, get_engine
+
+            create_schema(get_engine())
+            self._spawn_api()
+            for number in range(1, self.workers + 1):
+                self._spawn_worker(number)
+            self._wait_for_api()
+            self.cloud.faults.rate = self.fault_rate
+            self._start_training()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop training, the worker and the API, then the clouds; restore the environment."""
+        if self.training is not None:
+            self.training.stop()
+            self.training = None
+        for name in sorted(self._processes, key=lambda n: n == "api"):  # workers first
+            process = self._processes.pop(name, None)
+            if process is None:
+                continue
+            process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=15)
+            _kill_group(process)  # stragglers too
+        if self.cloud is not None:
+            self.cloud.stop()
+            self.cloud = None
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env = {}
+        from broker.db import engine as db
+
+        get_settings.cache_clear()
+        db.get_engine.cache_clear()
+        clock.set_clock(None)
+
+    def __enter__(self) -> EmbeddedStack:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- parts ----------------------------------------------------------------------------
+
+    def _apply_env(self) -> None:
+        from broker.db import engine as db
+        from broker.services import planning, wiring
+
+        for key, value in self.env.items():
+            self._saved_env.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
+        get_settings.cache_clear()
+        db.get_engine.cache_clear()
+        planning.get_planning.cache_clear()
+        wiring.get_runner.cache_clear()
+
+    def _log(self, name: str) -> Any:
+        return open(self.data_dir / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        with self._log(name) as output:
+            self._processes[name] = subprocess.Popen(
+                argv,
+                env={**os.environ, **self.env},
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                cwd=str(Path(__file__).resolve().parents[2]),
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads touch it before exec)
+                start_new_session=True,  # its own process group: pool children go with it
+            )
+
+    def _spawn_api(self) -> None:
+        self._spawn(
+            "api",
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "broker.api:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.api_port),
+                "--log-level",
+                self.log_level,
+            ],
+        )
+
+    def _spawn_worker(self, number: int = 1) -> None:
+        """Worker 1 also runs beat; more workers (``workers=``) only consume."""
+        name = "worker" if number == 1 else f"worker-{number}"
+        beat = ["--beat", "--schedule", str(self.data_dir / "celerybeat-schedule")]
+        self._spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tasks",
+                "worker",
+                *(beat if number == 1 else []),
+                "--hostname",
+                f"{name}@%h",
+                "--concurrency",
+                str(self.concurrency),
+                "--loglevel",
+                self.log_level,
+                "--without-gossip",
+                "--without-mingle",
+            ],
+        )
+
+    def _wait_for_api(self) -> None:
+        wait_until_healthy(
+            self.api_url, self._processes, lambda name: f"see {self.data_dir}/{name}.log"
+        )
+
+    def _start_training(self) -> None:
+        from providers.local.stack import LOCAL_ACCESS_KEY, LOCAL_SECRET_KEY
+        from providers.local.training import SimulatedTraining, ec2_instances, gce_instances
+        from providers.retry import FAST_RETRY
+        from providers.storage import S3CheckpointStore
+
+        cloud = self.cloud
+        store = S3CheckpointStore(
+            cloud.checkpoint_bucket,
+            endpoint_url=cloud.aws_endpoint_url,
+            region=cloud.aws_regions[0],
+            access_key_id=LOCAL_ACCESS_KEY,
+            secret_access_key=LOCAL_SECRET_KEY,
+            retry=FAST_RETRY,
+        )
+        self.store = store
+        sources = [
+            ec2_instances(
+                cloud.aws_endpoint_url,
+                cloud.aws_regions,
+                aws_access_key_id=LOCAL_ACCESS_KEY,
+                aws_secret_access_key=LOCAL_SECRET_KEY,
+            ),
+            gce_instances(cloud.gcp_endpoint_url, cloud.gcp_project),
+        ]
+        self.training = SimulatedTraining(
+            sources, store.put, report_every_seconds=self.report_every_seconds
+        ).start(self.training_interval_seconds)
+
+    # -- looking in -------------------------------------------------------------------------
+
+    def worker_alive(self) -> bool:
+        """Whether the Celery worker process is still running."""
+        process = self._processes.get("worker")
+        return process is not None and process.poll() is None
+
+    def restart_worker(self, **env: str) -> None:
+        """Kill the worker (as a crash would) and start a new one, with ``env`` changed."""
+        process = self._processes.pop("worker", None)
+        if process is not None:
+            _kill_group(process)
+        self.env.update(env)
+        self._spawn_worker()
+
+    def worker_exit_code(self) -> int | None:
+        """The worker's exit code once it has exited (None while it runs)."""
+        process = self._processes.get("worker")
+        return None if process is None else process.poll()
+
+    def running_instances(self) -> list[str]:
+        """Ids of broker-tagged instances not yet terminated, in both local clouds."""
+        from providers.registry import build_providers
+
+        found: list[str] = []
+        providers = build_providers(get_settings())
+        for region in self.cloud.aws_regions:
+            for ref in providers["aws"].list_managed(region):
+                if providers["aws"].describe(ref).status not in ("terminated", "preempted"):
+                    found.append(ref.instance_id)
+        regions = sorted({zone.rsplit("-", 1)[0] for zone in self.cloud.gcp_zones})
+        for region in regions:
+            for ref in providers["gcp"].list_managed(region):
+                if providers["gcp"].describe(ref).status not in ("terminated", "preempted"):
+                    found.append(ref.instance_id)
+        return found

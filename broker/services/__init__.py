@@ -1,0 +1,4 @@
+"""Services: each owns its transactions and calls the pure core, the database and the clouds.
+
+API routes, CLI commands and Celery tasks call one service function each.
+"""

@@ -1,0 +1,106 @@
+"""Admission: validate a submitted job, reserve its budget and queue it, in one transaction."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from datetime import datetime, timedelta
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from broker.core.errors import Conflict, InvalidInput
+from broker.core.job_status import JobStatus
+from broker.core.money import to_micros
+from broker.core.planner import Plan
+from broker.db.ids import new_id
+from broker.db.models import Job
+from broker.services.job_spec import JobSpec
+from broker.services.ledger import lock_team, reserve
+from broker.services.planning import plan_fields, quote_job
+
+log = logging.getLogger(__name__)
+
+MAX_HORIZON = timedelta(days=365)
+
+
+def request_hash(spec: JobSpec) -> str:
+    """A stable digest of a spec, to tell a retried submission from a different one."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_deadline(spec: JobSpec, now: datetime) -> None:
+    """The deadline must lie in the future and within a year."""
+    if spec.deadline <= now:
+        raise InvalidInput(f"deadline {spec.deadline.isoformat()} is in the past", "deadline")
+    if spec.deadline > now + MAX_HORIZON:
+        raise InvalidInput("deadline is more than a year away", "deadline")
+
+
+def reservation(job: Job, plan: Plan) -> int:
+    """What admission holds for a job: its plan's worst case, never more than max_cost."""
+    return min(job.max_cost_micros, plan.worst_case_cost_micros)
+
+
+def _existing(session: Session, team_id: str, key: str, digest: str) -> Job | None:
+    job = session.exec(
+        select(Job).where(Job.team_id == team_id, Job.idempotency_key == key)
+    ).first()
+    if job is not None and job.request_hash != digest:
+        raise Conflict(f"Idempotency-Key {key!r} was used with another request body")
+    return job
+
+
+def submit(
+    session: Session, team_id: str, spec: JobSpec, now: datetime, idempotency_key: str | None = None
+) -> tuple[Job, bool]:
+    """Admit a job on its best plan: reserve min(max_cost, the plan's worst case) against the
+    locked team budget and queue it.
+
+    Returns the job and whether it was created (False: an earlier submission with the same
+    Idempotency-Key and body). Raises BudgetExceeded, Conflict or InvalidInput.
+    """
+    check_deadline(spec, now)
+    plans = quote_job(spec, now, session)
+    best = plans.plans[0]
+    on_demand = plans.cheapest_on_demand
+    digest = request_hash(spec)
+    if idempotency_key and (job := _existing(session, team_id, idempotency_key, digest)):
+        return job, False
+    team = lock_team(session, team_id)
+    if idempotency_key and (job := _existing(session, team_id, idempotency_key, digest)):
+        session.rollback()
+        return job, False
+    job = Job(
+        id=new_id("job"),
+        team_id=team_id,
+        name=spec.name,
+        status=JobStatus.QUEUED,
+        spec=spec.model_dump(mode="json"),
+        market=spec.market,
+        total_work=spec.total_work,
+        deadline=spec.deadline,
+        max_cost_micros=to_micros(spec.max_cost),
+        on_demand_cost_micros=on_demand.expected_cost_micros if on_demand else None,
+        plan=plan_fields(best),
+        priority=spec.priority,
+        idempotency_key=idempotency_key,
+        request_hash=digest,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(job)
+    session.flush()
+    reserve(session, team, job, reservation(job, best), now)
+    try:
+        session.commit()
+    except IntegrityError:
+        # A concurrent submission with the same Idempotency-Key won the race.
+        session.rollback()
+        if idempotency_key and (existing := _existing(session, team_id, idempotency_key, digest)):
+            return existing, False
+        raise
+    log.info("job queued", extra={"job_id": job.id, "team_id": team_id})
+    return job, True

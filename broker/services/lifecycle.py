@@ -1,0 +1,431 @@
+"""Job state changes: each one function, one transaction, with the job row locked.
+
+These functions touch only the database. The runner (``broker/runner.py``) calls the clouds
+between them: an attempt row is committed before its instance is launched (its id is the
+launch's idempotency token), and an attempt is marked ended before its instance is
+terminated, so a crash anywhere leaves either a retryable launch or an orphan for reconcile.
+Every function returns the instances the caller must terminate.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from broker.core.errors import BudgetExceeded, Conflict, NotFound
+from broker.core.job_status import JobStatus, check_transition, is_terminal
+from broker.core.money import cost_micros, format_usd
+from broker.db.engine import begin_write, is_postgres
+from broker.db.ids import new_id
+from broker.db.models import Attempt, Checkpoint, Job, Team
+from broker.faults import fault_point
+from broker.services.ledger import (
+    book_spend,
+    job_reserved,
+    job_spent,
+    lock_team,
+    release,
+    reserve,
+    team_budget,
+)
+from broker.services.teams import hash_token
+
+log = logging.getLogger(__name__)
+
+LAUNCHING, RUNNING, ENDED = "launching", "running", "ended"
+MIN_BILLED_SECONDS = {"aws": 60.0, "gcp": 60.0}
+MAX_LAUNCH_FAILURES = 8
+
+
+@dataclass(frozen=True)
+class ToTerminate:
+    """An instance whose attempt has ended and that the caller must terminate."""
+
+    attempt_id: str
+    provider: str
+    region: str
+    zone: str
+    instance_id: str
+
+
+def lock_job(session: Session, job_id: str, team_id: str | None = None) -> Job:
+    """Load a job and hold its row for this transaction (FOR UPDATE on PostgreSQL)."""
+    begin_write(session)
+    statement = select(Job).where(Job.id == job_id)
+    if is_postgres(session):
+        statement = statement.with_for_update()
+    job = session.exec(statement).first()
+    if job is None or (team_id is not None and job.team_id != team_id):
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
+def live_attempts(session: Session, job_id: str) -> list[Attempt]:
+    """A job's attempts that have not ended (launching or running)."""
+    return list(
+        session.exec(
+            select(Attempt).where(
+                Attempt.job_id == job_id, col(Attempt.status).in_((LAUNCHING, RUNNING))
+            )
+        ).all()
+    )
+
+
+def billed_seconds(attempt: Attempt, until: datetime) -> float:
+    """Seconds billed for a started attempt up to ``until`` (per second, provider minimum)."""
+    if attempt.started_at is None:
+        return 0.0
+    elapsed = max((until - attempt.started_at).total_seconds(), 0.0)
+    return max(elapsed, MIN_BILLED_SECONDS.get(attempt.provider, 60.0))
+
+
+def _accrue(session: Session, job: Job, attempt: Attempt, now: datetime) -> int:
+    """Book what the attempt has cost since the last booking; returns the new amount."""
+    if attempt.status != RUNNING:
+        return 0
+    # Billing never runs backwards: a worker that read the clock before another booked a
+    # later time must not leave billed_seconds short of what cost_micros already holds.
+    seconds = max(billed_seconds(attempt, now), attempt.billed_seconds)
+    total = cost_micros(attempt.price_micros_per_hour, seconds)
+    delta = total - attempt.cost_micros
+    attempt.billed_seconds = seconds
+    if delta > 0:
+        attempt.cost_micros = total
+        book_spend(session, job, attempt, delta, now)
+    session.add(attempt)
+    return max(delta, 0)
+
+
+def _end_attempt(
+    session: Session, job: Job, attempt: Attempt, reason: str, now: datetime
+) -> ToTerminate | None:
+    """Settle an attempt's spend up to ``now`` and mark it ended."""
+    _accrue(session, job, attempt, now)
+    attempt.status = ENDED
+    attempt.end_reason = reason
+    attempt.ended_at = now
+    session.add(attempt)
+    if attempt.instance_id is None:
+        return None
+    return ToTerminate(
+        attempt.id, attempt.provider, attempt.region, attempt.zone, attempt.instance_id
+    )
+
+
+def _move(job: Job, status: JobStatus, now: datetime, reason: str | None = None) -> None:
+    # Staying in an unfinished status (provisioning again after a failed launch) is no move.
+    if job.status != status.value or is_terminal(job.status):
+        job.status = check_transition(job.status, status).value
+    job.status_reason = reason
+    job.updated_at = now
+
+
+def _finish(
+    session: Session, job: Job, status: JobStatus, now: datetime, reason: str
+) -> list[ToTerminate]:
+    """End every live attempt, move to a terminal status, release what is still reserved."""
+    attempt_reason = "completed" if status is JobStatus.SUCCEEDED else "stopped"
+    ended = [
+        _end_attempt(session, job, a, attempt_reason, now) for a in live_attempts(session, job.id)
+    ]
+    _move(job, status, now, reason)
+    job.finished_at = now
+    session.flush()
+    release(session, job, now)
+    session.add(job)
+    log.info("job %s: %s", status.value, reason, extra={"job_id": job.id, "team_id": job.team_id})
+    return [t for t in ended if t is not None]
+
+
+def cancel(session: Session, team_id: str, job_id: str, now: datetime) -> list[ToTerminate]:
+    """Cancel a team's unfinished job: settle its spend and release the rest (409 if finished)."""
+    job = lock_job(session, job_id, team_id)
+    ended = _finish(session, job, JobStatus.CANCELLED, now, "cancelled by the team")
+    session.commit()
+    return ended
+
+
+def stop(
+    session: Session, job_id: str, status: JobStatus, reason: str, now: datetime
+) -> list[ToTerminate]:
+    """Stop an unfinished job in a terminal ``status`` (budget, deadline, failure, success)."""
+    job = lock_job(session, job_id)
+    if is_terminal(job.status):
+        session.rollback()
+        return []
+    ended = _finish(session, job, status, now, reason)
+    session.flush()
+    fault_point("mid_settle")
+    session.commit()
+    return ended
+
+
+def begin_attempt(
+    session: Session,
+    job_id: str,
+    plan: dict[str, Any],
+    price_micros: int,
+    now: datetime,
+    token_for: Callable[[str], str] | None = None,
+    reserve_up_to: int | None = None,
+) -> tuple[Attempt, str] | None:
+    """Record a new attempt on ``plan`` (job -> provisioning) before anything is launched.
+
+    ``token_for(attempt_id)`` makes the attempt's agent token (default: random); only its
+    hash is stored. ``reserve_up_to``: the plan's worst case; when the job holds less, the
+    difference is reserved from its team's budget (BudgetExceeded if the team lacks it), so
+    a re-planned attempt is as covered as the first. Returns the attempt and the token, or
+    None when the job has finished or already has a live attempt.
+    """
+    job = lock_job(session, job_id)
+    if is_terminal(job.status) or live_attempts(session, job.id):
+        session.rollback()
+        return None
+    if reserve_up_to is not None:
+        held = job_reserved(session, job.id)
+        wanted = min(reserve_up_to, job.max_cost_micros - job_spent(session, job.id))
+        if wanted > held:
+            try:
+                reserve(session, lock_team(session, job.team_id), job, wanted - held, now)
+            except BudgetExceeded:
+                session.rollback()
+                raise
+    _move(job, JobStatus.PROVISIONING, now)
+    job.plan = plan
+    job.work_done = job.checkpointed_work
+    attempt_id = new_id("att")
+    token = token_for(attempt_id) if token_for else "att_" + secrets.token_urlsafe(24)
+    attempt = Attempt(
+        id=attempt_id,
+        job_id=job.id,
+        team_id=job.team_id,
+        provider=plan["provider"],
+        region=plan["region"],
+        zone=plan["zone"],
+        instance_type=plan["instance_type"],
+        gpu=plan["gpu"],
+        gpu_count=plan["gpu_count"],
+        market=plan["market"],
+        price_micros_per_hour=price_micros,
+        status=LAUNCHING,
+        token_hash=hash_token(token),
+        work_at_start=job.checkpointed_work,
+        work_done=job.checkpointed_work,
+        created_at=now,
+    )
+    session.add(job)
+    session.add(attempt)
+    session.commit()
+    return attempt, token
+
+
+def launch_succeeded(
+    session: Session, attempt_id: str, instance_id: str, now: datetime
+) -> list[ToTerminate]:
+    """The cloud has the instance: attempt running from now, job running."""
+    attempt = _locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status == RUNNING and attempt.instance_id == instance_id:
+        # A repeated launch of the same attempt (its token found the same instance): done.
+        session.rollback()
+        return []
+    if attempt.status != LAUNCHING:
+        # The attempt ended while the launch was under way (cancel, stop): the instance goes.
+        session.rollback()
+        return [
+            ToTerminate(attempt.id, attempt.provider, attempt.region, attempt.zone, instance_id)
+        ]
+    if is_terminal(job.status):
+        attempt.instance_id = instance_id
+        ended = _end_attempt(session, job, attempt, "stopped", now)
+        session.commit()
+        return [ended] if ended else []
+    attempt.instance_id = instance_id
+    attempt.status = RUNNING
+    attempt.started_at = now
+    _move(job, JobStatus.RUNNING, now)
+    session.add_all([attempt, job])
+    session.commit()
+    return []
+
+
+def launch_failed(session: Session, attempt_id: str, reason: str, now: datetime) -> int:
+    """The launch was refused (capacity, quota, error): end the attempt.
+
+    Returns how many launches of this job failed in a row; after MAX_LAUNCH_FAILURES the job
+    fails.
+    """
+    attempt = _locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status == LAUNCHING:
+        _end_attempt(session, job, attempt, reason, now)
+    session.flush()
+    failures = _consecutive_failures(session, job.id)
+    if failures >= MAX_LAUNCH_FAILURES and not is_terminal(job.status):
+        _finish(session, job, JobStatus.FAILED, now, f"{failures} launches failed in a row")
+    session.commit()
+    return failures
+
+
+def _consecutive_failures(session: Session, job_id: str) -> int:
+    attempts = session.exec(
+        select(Attempt).where(Attempt.job_id == job_id).order_by(col(Attempt.id).desc())
+    ).all()
+    count = 0
+    for attempt in attempts:
+        if attempt.end_reason not in ("capacity", "quota", "failed"):
+            break
+        count += 1
+    return count
+
+
+def _locked_attempt(session: Session, attempt_id: str) -> Attempt:
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        raise NotFound(f"attempt {attempt_id} not found")
+    lock_job(session, attempt.job_id)
+    session.refresh(attempt)
+    return attempt
+
+
+def preempted(session: Session, attempt_id: str, now: datetime) -> None:
+    """The cloud took the instance back: end the attempt, fall back to the latest checkpoint."""
+    attempt = _locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status == ENDED:
+        session.rollback()
+        return
+    _end_attempt(session, job, attempt, "preempted", now)
+    if is_terminal(job.status):
+        pass
+    elif job.checkpointed_work >= job.total_work:
+        # The final checkpoint was saved before the cloud took the instance: done.
+        _finish(session, job, JobStatus.SUCCEEDED, now, "work reached (checkpointed)")
+    else:
+        _move(job, JobStatus.PREEMPTED, now, f"preempted in {attempt.zone}")
+        job.work_done = job.checkpointed_work
+        session.add(job)
+    session.commit()
+
+
+def migrate(session: Session, attempt_id: str, reason: str, now: datetime) -> list[ToTerminate]:
+    """Leave a running attempt on purpose (e.g. spot -> on-demand): job back to provisioning."""
+    attempt = _locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status != RUNNING or is_terminal(job.status):
+        session.rollback()
+        return []
+    ended = _end_attempt(session, job, attempt, "migrated", now)
+    _move(job, JobStatus.PROVISIONING, now, reason)
+    job.work_done = job.checkpointed_work
+    session.add(job)
+    session.commit()
+    return [ended] if ended else []
+
+
+def _warn_on_alert(session: Session, job: Job, booked: int, now: datetime) -> None:
+    """Log a warning when this booking takes the team's spend past its alert threshold."""
+    team = session.get(Team, job.team_id)
+    if team is None:
+        return
+    figures = team_budget(session, team, now)
+    threshold = figures.alert_at * figures.limit
+    if figures.spent - booked < threshold <= figures.spent:
+        log.warning(
+            "team %s passed its budget alert: %s of %s USD spent",
+            team.name,
+            format_usd(figures.spent),
+            format_usd(figures.limit),
+            extra={"team_id": team.id, "job_id": job.id},
+        )
+
+
+def accrue(
+    session: Session, attempt_id: str, now: datetime, lookahead_seconds: float
+) -> list[ToTerminate]:
+    """Book a running attempt's spend to ``now``; stop the job before it would overspend.
+
+    The job stops as budget_exhausted when its spend, plus what the attempt costs over the
+    next ``lookahead_seconds``, would pass the job's max_cost.
+    """
+    attempt = _locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status != RUNNING or is_terminal(job.status):
+        session.rollback()
+        return []
+    booked = _accrue(session, job, attempt, now)
+    session.flush()
+    if booked:
+        _warn_on_alert(session, job, booked, now)
+    next_cost = cost_micros(attempt.price_micros_per_hour, lookahead_seconds)
+    if job_spent(session, job.id) + next_cost > job.max_cost_micros:
+        ended = _finish(
+            session,
+            job,
+            JobStatus.BUDGET_EXHAUSTED,
+            now,
+            "max_cost would be exceeded before the next check",
+        )
+        session.commit()
+        return ended
+    session.commit()
+    return []
+
+
+def record_progress(
+    session: Session,
+    attempt_id: str,
+    token: str,
+    work_done: float,
+    checkpoint_key: str | None,
+    now: datetime,
+) -> Job:
+    """A training instance reports work done (and maybe a saved checkpoint) for its attempt."""
+    import hmac
+
+    attempt = _locked_attempt(session, attempt_id)
+    if not hmac.compare_digest(attempt.token_hash, hash_token(token)):
+        raise NotFound(f"attempt {attempt_id} not found")
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status == ENDED or is_terminal(job.status):
+        raise Conflict(f"attempt {attempt_id} has ended")
+    work = min(max(work_done, attempt.work_done), job.total_work)
+    attempt.work_done = work
+    job.work_done = max(job.work_done, work)
+    if checkpoint_key:
+        session.add(
+            Checkpoint(
+                id=new_id("ckpt"),
+                job_id=job.id,
+                attempt_id=attempt.id,
+                work_done=work,
+                object_key=checkpoint_key,
+                created_at=now,
+            )
+        )
+        job.checkpointed_work = max(job.checkpointed_work, work)
+    job.updated_at = now
+    session.add_all([attempt, job])
+    session.commit()
+    return job
+
+
+def latest_checkpoint(session: Session, job_id: str) -> Checkpoint | None:
+    """The checkpoint holding the most work for a job."""
+    return session.exec(
+        select(Checkpoint)
+        .where(Checkpoint.job_id == job_id)
+        .order_by(col(Checkpoint.work_done).desc(), col(Checkpoint.id).desc())
+    ).first()

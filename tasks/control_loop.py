@@ -1,0 +1,69 @@
+"""The broker's Celery tasks: each validates its arguments and calls one runner function."""
+
+from __future__ import annotations
+
+import logging
+
+from broker import clock
+from broker.faults import fault_point
+from broker.services.lifecycle import ToTerminate
+from broker.services.metrics import TICK_SECONDS
+from broker.services.wiring import get_runner
+from providers.base import TransientError
+from tasks.celery_app import app
+
+log = logging.getLogger(__name__)
+
+
+@app.task(autoretry_for=(TransientError,), retry_backoff=True, max_retries=5)
+def launch(job_id: str, market: str | None = None) -> str | None:
+    """Launch a job's next plan (or complete an interrupted launch)."""
+    attempt_id = get_runner().launch(str(job_id), market)
+    fault_point("before_ack")
+    return attempt_id
+
+
+@app.task(autoretry_for=(TransientError,), retry_backoff=True, max_retries=5)
+def terminate(instances: list[dict[str, str]]) -> int:
+    """Terminate the instances of attempts that ended (e.g. on cancel)."""
+    items = [ToTerminate(**item) for item in instances]
+    get_runner().terminate(items)
+    return len(items)
+
+
+@app.task
+def observe(attempt_id: str) -> None:
+    """Poll one attempt: spend, preemption, completion, policy."""
+    with TICK_SECONDS.labels("observe").time():
+        get_runner().observe(str(attempt_id))
+    fault_point("before_ack")
+
+
+@app.task
+def tick() -> dict[str, int]:
+    """Beat: fan out an observe per live attempt and a launch per waiting job."""
+    with TICK_SECONDS.labels("tick").time():
+        runner = get_runner()
+        due = runner.due()
+        # A tick's fan-out is stale a few ticks later: drop what no worker took by then, so a
+        # slow worker does not work through a backlog of duplicates.
+        expires = 3 * runner.tick_seconds + 5.0
+        for attempt_id in due.observe:
+            observe.apply_async((attempt_id,), expires=expires)
+        for job_id in due.launch:
+            launch.apply_async((job_id,), expires=expires)
+    return {"observe": len(due.observe), "launch": len(due.launch)}
+
+
+@app.task
+def reconcile() -> dict[str, int]:
+    """Beat: terminate orphans, mark attempts whose instance is gone."""
+    report = get_runner().reconcile()
+    return {"orphans": len(report.orphans_terminated), "gone": len(report.attempts_marked_gone)}
+
+
+@app.task
+def refresh_prices() -> dict[str, object]:
+    """Beat: refresh spot prices from the clouds; a failure keeps the last good catalog."""
+    runner = get_runner()
+    return runner.planning.refresh(runner.engine, clock.now())
