@@ -11,8 +11,6 @@ from pathlib import Path
 from broker.core.gpu_specs import Measurements
 from broker.core.throughput import ThroughputModel
 
-# Beside this module rather than importlib.resources.files("broker"): under pytest's default
-# import mode the name "broker" can resolve to the tests/broker namespace.
 GAVEL_CSV = Path(__file__).with_name("data") / "gavel-isolated.csv"
 
 

@@ -2,7 +2,7 @@
 
 The simulator runs every start offset of a job in lockstep and asks these for all of them in
 one call per tick. Each function here is the same rule as its namesake in ``broker.core.policy``
-(``tests/broker/test_policy.py`` checks they agree on random states).
+(``tests/core/test_policy.py`` checks they agree on random states).
 """
 
 from __future__ import annotations
