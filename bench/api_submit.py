@@ -1,7 +1,9 @@
 """Job submission throughput: the broker's POST /v1/jobs vs a bare FastAPI + SQLModel insert.
 
 Starts each app under uvicorn on a fresh PostgreSQL database, submits N jobs from concurrent
-httpx clients, prints req/s and p50/p99 latency for both, and a JSON line last.
+httpx clients, prints req/s and p50/p99 latency for both, and a JSON line last. The measured
+loop stays raw async httpx (the same requests for both apps, no client-side overhead); the
+broker's team and key are set up through ``broker.client.BrokerClient``.
 
     python bench/api_submit.py [--jobs 2000] [--concurrency 16] [--pg postgresql+psycopg://...]
 """
@@ -109,12 +111,13 @@ async def hammer(url: str, headers: dict[str, str], jobs: int, concurrency: int)
 
 
 def broker_headers(url: str, admin: str) -> dict[str, str]:
-    auth = {"Authorization": f"Bearer {admin}"}
-    team = httpx.post(
-        f"{url}/v1/teams", headers=auth, json={"name": "bench", "budget": {"limit": "1000000.00"}}
-    ).json()
-    key = httpx.post(f"{url}/v1/teams/{team['id']}/keys", headers=auth, json={"name": "b"})
-    return {"Authorization": f"Bearer {key.json()['token']}"}
+    """A new team's key as headers for the measured loop (set up through BrokerClient)."""
+    from broker.client import BrokerClient
+
+    with BrokerClient(url, admin) as api:
+        team = api.create_team("bench", "1000000.00")
+        token = api.create_key(team["id"], "b")["token"]
+    return {"Authorization": f"Bearer {token}"}
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from broker.core.offers import Offer, OfferTable
 from broker.core.planner import SPOT_WINDOWS, PlanRequest, PlanSet, rank_plans
 from broker.core.throughput import ThroughputModel, Workload
 from broker.services.job_spec import JobSpec
-from broker.services.planning import Planning, plan_request
+from broker.services.quoting import Planning, plan_request
 from pricing.aws_catalog import load_aws_csv
 from pricing.catalog import bundled_catalog
 from pricing.gcp_catalog import load_gcp_offers

@@ -30,8 +30,6 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -76,6 +74,7 @@ def main() -> None:
     from sqlmodel import Session, col, select
 
     from broker import clock
+    from broker.client import BrokerApiError, BrokerClient, BrokerUnreachable
     from broker.core.job_status import TERMINAL
     from broker.core.money import cost_micros
     from broker.db.engine import get_engine
@@ -106,15 +105,9 @@ def main() -> None:
     live_samples: list[int] = []
     try:
         with stack:
-            http = httpx.Client(base_url=stack.api_url, timeout=60)
-            admin = {"Authorization": f"Bearer {stack.admin_token}"}
-            team = http.post(
-                "/v1/teams",
-                json={"name": "soak", "budget": {"limit": "1000000.00", "period": "total"}},
-                headers=admin,
-            ).json()
-            key = http.post(f"/v1/teams/{team['id']}/keys", json={"name": "s"}, headers=admin)
-            headers = {"Authorization": f"Bearer {key.json()['token']}"}
+            admin = BrokerClient(stack.api_url, stack.admin_token, timeout=60)
+            team = admin.create_team("soak", "1000000.00", period="total")
+            api = admin.with_token(admin.create_key(team["id"], "s")["token"])
             submitted, refused, ids = 0, 0, []
             started = time.monotonic()
             engine = get_engine()
@@ -139,12 +132,13 @@ def main() -> None:
                         "max_cost": "80.00",
                         "market": rng.choice(["auto", "auto", "spot"]),
                     }
-                    response = http.post("/v1/jobs", json=spec, headers=headers)
                     submitted += 1
-                    if response.status_code == 201:
-                        ids.append(response.json()["id"])
+                    try:
+                        ids.append(api.submit_job(spec)["id"])
                         unfinished += 1
-                    else:
+                    except BrokerUnreachable:
+                        raise
+                    except BrokerApiError:
                         refused += 1
                 if submitted >= args.jobs and unfinished == 0:
                     break
@@ -161,7 +155,9 @@ def main() -> None:
                     last_report = now
                 time.sleep(1.0)
             wall = time.monotonic() - started
-            metrics = http.get("/metrics").text
+            metrics = admin.metrics()
+            api.close()
+            admin.close()
             stack.cloud.faults.rate = 0.0
             deadline = time.monotonic() + 30
             while (orphans := stack.running_instances()) and time.monotonic() < deadline:

@@ -1,4 +1,4 @@
-"""Celery app and tasks: thin wrappers that call one runner function each.
+"""Celery app and tasks: thin wrappers that call one service function each.
 
 ``celery -A tasks worker`` and ``celery -A tasks beat`` find ``tasks.app``.
 """

@@ -1,4 +1,5 @@
-"""The broker's Celery tasks: each validates its arguments and calls one runner function."""
+"""The broker's Celery tasks: each validates its arguments and calls one service function
+(the runner's, or the price refresh)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from broker import clock
 from broker.faults import fault_point
 from broker.services.lifecycle import ToTerminate
 from broker.services.metrics import TICK_SECONDS
+from broker.services.price_refresh import refresh
 from broker.services.wiring import get_runner
 from providers.base import TransientError
 from tasks.celery_app import app
@@ -66,4 +68,4 @@ def reconcile() -> dict[str, int]:
 def refresh_prices() -> dict[str, object]:
     """Beat: refresh spot prices from the clouds; a failure keeps the last good catalog."""
     runner = get_runner()
-    return runner.planning.refresh(runner.engine, clock.now())
+    return refresh(runner.planning, runner.engine, clock.now())

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import secrets
 import socket
+from collections.abc import Mapping
+from typing import Any
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+
+from broker.services.plans import ChosenPlan
 
 # A spot plan on the bundled catalog's cheapest V100 (p3.2xlarge in use1-az1), at its price.
 SPOT_PLAN = {
@@ -19,6 +23,20 @@ SPOT_PLAN = {
     "market": "spot",
 }
 SPOT_PRICE = 918_000  # micro-dollars per hour: $0.918/h
+
+
+def chosen(where: Mapping[str, Any], price_micros: int) -> ChosenPlan:
+    """A plan on ``where`` (provider, region, zone, instance type, GPU, market) billed at
+    ``price_micros`` per hour: one expected hour, worst case one hour, sure to finish."""
+    fields = {k: where[k] for k in SPOT_PLAN}
+    return ChosenPlan(
+        **fields,
+        price_per_hour_micros=price_micros,
+        expected_hours=1.0,
+        expected_cost_micros=price_micros,
+        worst_case_cost_micros=price_micros,
+        p_deadline=1.0,
+    )
 
 
 def fresh_postgres(base_url: str) -> tuple[str, str]:

@@ -10,14 +10,14 @@ from fastapi import Depends, Header, HTTPException, status
 from sqlmodel import Session
 
 from broker import clock
-from broker.db.engine import get_engine
+from broker.db.engine import open_session
 from broker.services.teams import Principal, authenticate
 from broker.settings import get_settings
 
 
 def get_session() -> Iterator[Session]:
     """One session per request; services commit what they change."""
-    with Session(get_engine(), expire_on_commit=False) as session:
+    with open_session() as session:
         yield session
 
 

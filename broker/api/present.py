@@ -1,6 +1,8 @@
-"""Turning service results into response bodies."""
+"""Turning service results into response bodies: the one place money becomes decimal strings."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from broker.api.schemas import (
     AttemptOut,
@@ -10,12 +12,16 @@ from broker.api.schemas import (
     JobSummary,
     PlanOut,
     ProgressOut,
+    SpendOut,
+    SpendRow,
     TeamOut,
 )
 from broker.core.money import format_usd
+from broker.core.planner import Plan
 from broker.db.models import Attempt, Checkpoint, Job, Team
 from broker.services.job_views import JobView
 from broker.services.ledger import BudgetFigures
+from broker.services.plans import ChosenPlan, job_plan
 
 
 def budget_out(figures: BudgetFigures) -> BudgetOut:
@@ -31,14 +37,39 @@ def budget_out(figures: BudgetFigures) -> BudgetOut:
     )
 
 
+def spend_out(rows: list[tuple[str, int]]) -> SpendOut:
+    return SpendOut(
+        rows=[SpendRow(key=key, amount=format_usd(amount)) for key, amount in rows],
+        total=format_usd(sum(amount for _, amount in rows)),
+    )
+
+
 def team_out(team: Team, figures: BudgetFigures) -> TeamOut:
     return TeamOut(
         id=team.id, name=team.name, budget=budget_out(figures), created_at=team.created_at
     )
 
 
-def plan_out(plan: dict | None) -> PlanOut | None:
-    return PlanOut.model_validate(plan) if plan else None
+def plan_fields(plan: Plan | ChosenPlan) -> dict[str, Any]:
+    """A plan as docs/api.md shows it (money as decimal strings)."""
+    return {
+        "provider": plan.provider,
+        "region": plan.region,
+        "zone": plan.zone,
+        "instance_type": plan.instance_type,
+        "gpu": plan.gpu,
+        "gpu_count": plan.gpu_count,
+        "market": plan.market,
+        "price_per_hour": format_usd(plan.price_per_hour_micros),
+        "expected_hours": round(plan.expected_hours, 4),
+        "expected_cost": format_usd(plan.expected_cost_micros),
+        "worst_case_cost": format_usd(plan.worst_case_cost_micros),
+        "p_deadline": round(plan.p_deadline, 4),
+    }
+
+
+def plan_out(plan: ChosenPlan | None) -> PlanOut | None:
+    return PlanOut.model_validate(plan_fields(plan)) if plan else None
 
 
 def progress_out(job: Job) -> ProgressOut:
@@ -89,7 +120,7 @@ def job_summary(job: Job) -> JobSummary:
         name=job.name,
         status=job.status,
         market=job.market,
-        plan=plan_out(job.plan),
+        plan=plan_out(job_plan(job)),
         max_cost=format_usd(job.max_cost_micros),
         deadline=job.deadline,
         progress=progress_out(job),
@@ -106,7 +137,7 @@ def job_out(view: JobView) -> JobOut:
         status=job.status,
         status_reason=job.status_reason,
         spec=job.spec,
-        plan=plan_out(job.plan),
+        plan=plan_out(job_plan(job)),
         attempts=[attempt_out(a) for a in view.attempts],
         checkpoints=[checkpoint_out(c) for c in view.checkpoints],
         spent=format_usd(view.spent),

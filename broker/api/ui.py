@@ -21,6 +21,7 @@ from broker.api.deps import NowDep, SessionDep
 from broker.core.job_status import is_terminal
 from broker.db.models import Team
 from broker.services import dashboard
+from broker.services.plans import ChosenPlan, job_plan
 from broker.services.teams import Principal, authenticate
 from broker.settings import get_settings
 
@@ -55,10 +56,10 @@ def _to_login() -> RedirectResponse:
     return RedirectResponse(f"{BASE}/login", status_code=303)
 
 
-def _plan_label(plan: dict[str, Any]) -> str:
-    if not plan:
+def _plan_label(plan: ChosenPlan | None) -> str:
+    if plan is None:
         return "–"
-    return f"{plan['gpu_count']}x{plan['gpu']} {plan['market']} {plan['provider']}/{plan['zone']}"
+    return f"{plan.gpu_count}x{plan.gpu} {plan.market} {plan.provider}/{plan.zone}"
 
 
 def format_usd(micros: int) -> str:
@@ -121,7 +122,7 @@ def overview(
     ]
     jobs = []
     for row in rows:
-        job, plan = row.job, row.job.plan or {}
+        job = row.job
         jobs.append(
             {
                 "id": job.id,
@@ -129,7 +130,7 @@ def overview(
                 "team": names.get(job.team_id, ""),
                 "status": job.status,
                 "fraction": min(job.work_done / job.total_work, 1.0) if job.total_work else 0.0,
-                "plan": _plan_label(plan),
+                "plan": _plan_label(job_plan(job)),
                 "spent": format_usd(row.spent_micros),
                 "on_demand": format_usd(job.on_demand_cost_micros)
                 if job.on_demand_cost_micros is not None

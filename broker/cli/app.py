@@ -119,12 +119,15 @@ _register_simulate()
 
 
 def _register_client() -> None:
-    from broker.cli import client_commands as cli_client
+    from broker.cli.admin import admin_app
+    from broker.cli.jobs import jobs_app
+    from broker.cli.quote import quote
+    from broker.cli.spend import spend
 
-    app.add_typer(cli_client.admin_app, name="admin")
-    app.add_typer(cli_client.jobs_app, name="jobs")
-    app.command("quote")(cli_client.quote)
-    app.command("spend")(cli_client.spend)
+    app.add_typer(admin_app, name="admin")
+    app.add_typer(jobs_app, name="jobs")
+    app.command("quote")(quote)
+    app.command("spend")(spend)
 
 
 _register_client()

@@ -8,7 +8,6 @@ from broker.core.errors import IllegalTransition
 
 
 class JobStatus(StrEnum):
-    PENDING = "pending"
     QUEUED = "queued"
     PROVISIONING = "provisioning"
     RUNNING = "running"
@@ -33,7 +32,6 @@ TERMINAL: frozenset[JobStatus] = frozenset(
 _STOPS = TERMINAL - {JobStatus.SUCCEEDED}
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.PENDING: frozenset({JobStatus.QUEUED, *_STOPS}),
     JobStatus.QUEUED: frozenset({JobStatus.PROVISIONING, *_STOPS}),
     JobStatus.PROVISIONING: frozenset(
         {JobStatus.RUNNING, JobStatus.PREEMPTED, JobStatus.SUCCEEDED, *_STOPS}

@@ -1,9 +1,16 @@
-"""Engine and sessions: SQLite (WAL, foreign keys, immediate write transactions) or PostgreSQL."""
+"""Engine, sessions and the unit of work: SQLite (WAL, foreign keys, immediate write
+transactions) or PostgreSQL.
+
+The unit of work is one service function's transaction. The caller opens a session
+(``open_session``; the API's ``get_session``) and may make several service calls with it;
+each service function that changes the database starts its transaction with ``begin_write``
+(itself, or through ``lock_job`` / ``lock_team``, which also lock the row), makes the reads
+the change depends on and the change, and ends with ``session.commit()``, or with
+``session.rollback()`` (or a domain error, before any change) when it changes nothing.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -56,8 +63,14 @@ def get_engine() -> Engine:
 _WRITE = "broker_write"
 
 
+def open_session(engine: Engine | None = None) -> Session:
+    """A session for one or more service calls; what a service returns stays readable after
+    its commit (``expire_on_commit=False``)."""
+    return Session(engine or get_engine(), expire_on_commit=False)
+
+
 def begin_write(session: Session) -> None:
-    """Start the session's transaction as a write transaction.
+    """Start a unit of work: the session's next transaction is a write transaction.
 
     On SQLite this is BEGIN IMMEDIATE (a read transaction that is open is committed first, so
     call this before the reads that the write depends on); on PostgreSQL a plain BEGIN, with
@@ -76,18 +89,6 @@ def is_postgres(session: Session) -> bool:
     """Whether the session talks to PostgreSQL (row locks with FOR UPDATE)."""
     bind = session.get_bind()
     return bind.dialect.name == "postgresql"
-
-
-@contextmanager
-def session_scope(engine: Engine | None = None) -> Iterator[Session]:
-    """One unit of work: commit on success, roll back on error."""
-    with Session(engine or get_engine(), expire_on_commit=False) as session:
-        try:
-            yield session
-            session.commit()
-        except BaseException:
-            session.rollback()
-            raise
 
 
 def create_schema(engine: Engine | None = None) -> None:

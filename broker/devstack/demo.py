@@ -19,7 +19,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 from rich.console import Console, Group
 from rich.live import Live
@@ -28,6 +27,7 @@ from rich.table import Table
 
 from broker import clock
 from broker.bundled import bundled_throughput_model
+from broker.client import BrokerApiError, BrokerClient, BrokerUnreachable
 from broker.core.job_status import TERMINAL
 from broker.core.throughput import Workload
 
@@ -145,57 +145,52 @@ def demo_jobs(now: datetime) -> list[DemoJob]:
 
 
 class DemoClient:
-    """The demo's REST calls (admin and team keys)."""
+    """The demo's REST calls through ``BrokerClient``: the admin's, and one client per team."""
 
     def __init__(self, api_url: str, admin_token: str) -> None:
-        self.http = httpx.Client(base_url=api_url, timeout=30)
-        self.admin = {"Authorization": f"Bearer {admin_token}"}
-        self.keys: dict[str, dict[str, str]] = {}
+        self.admin = BrokerClient(api_url, admin_token)
+        self.teams: dict[str, BrokerClient] = {}
+        self.tokens: dict[str, str] = {}
         self.team_ids: dict[str, str] = {}
 
     def team(self, name: str, limit: str) -> None:
-        body = {"name": name, "budget": {"limit": limit, "period": "month", "alert_at": 0.8}}
-        team = self.http.post("/v1/teams", json=body, headers=self.admin)
-        team.raise_for_status()
-        self.team_ids[name] = team.json()["id"]
-        key = self.http.post(
-            f"/v1/teams/{team.json()['id']}/keys", json={"name": "demo"}, headers=self.admin
-        )
-        key.raise_for_status()
-        self.keys[name] = {"Authorization": f"Bearer {key.json()['token']}"}
+        team = self.admin.create_team(name, limit, "month", 0.8)
+        self.team_ids[name] = team["id"]
+        self.tokens[name] = self.admin.create_key(team["id"], "demo")["token"]
+        self.teams[name] = self.admin.with_token(self.tokens[name])
 
     def submit(self, job: DemoJob) -> None:
-        headers = self.keys[job.team]
-        quote = self.http.post("/v1/quotes", json=job.spec, headers=headers)
-        if quote.status_code == 200 and quote.json()["cheapest_on_demand"]:
-            job.on_demand_cost = Decimal(quote.json()["cheapest_on_demand"]["expected_cost"])
-        response = self.http.post("/v1/jobs", json=job.spec, headers=headers)
-        if response.status_code == 201:
-            job.id = response.json()["id"]
-        else:
-            detail = response.json().get("detail")
-            message = detail.get("message") if isinstance(detail, dict) else detail
-            job.refusal = f"{response.status_code} {message}"
+        api = self.teams[job.team]
+        try:
+            cheapest = api.quote(job.spec)["cheapest_on_demand"]
+        except BrokerUnreachable:
+            raise
+        except BrokerApiError:
+            cheapest = None
+        if cheapest:
+            job.on_demand_cost = Decimal(cheapest["expected_cost"])
+        try:
+            job.id = api.submit_job(job.spec)["id"]
+        except BrokerUnreachable:
+            raise
+        except BrokerApiError as error:
+            job.refusal = f"{error.status} {error.message}"
 
     def jobs(self, team: str) -> list[dict[str, Any]]:
-        response = self.http.get("/v1/jobs", params={"limit": 100}, headers=self.keys[team])
-        response.raise_for_status()
-        return list(response.json()["items"])
+        return [dict(j) for j in self.teams[team].list_jobs(limit=100)["items"]]
 
     def job(self, team: str, job_id: str) -> dict[str, Any]:
-        response = self.http.get(f"/v1/jobs/{job_id}", headers=self.keys[team])
-        response.raise_for_status()
-        return dict(response.json())
+        return dict(self.teams[team].get_job(job_id))
 
     def spend_by_job(self, team: str) -> dict[str, str]:
-        response = self.http.get("/v1/spend", params={"group_by": "job"}, headers=self.keys[team])
-        response.raise_for_status()
-        return {row["key"]: row["amount"] for row in response.json()["rows"]}
+        return {row["key"]: row["amount"] for row in self.teams[team].spend("job")["rows"]}
 
     def budget(self, team: str) -> dict[str, Any]:
-        response = self.http.get("/v1/budget", headers=self.keys[team])
-        response.raise_for_status()
-        return dict(response.json())
+        return dict(self.teams[team].budget())
+
+    def close(self) -> None:
+        for api in [self.admin, *self.teams.values()]:
+            api.close()
 
 
 def live_table(jobs: list[DemoJob], rows: dict[str, dict], spend: dict[str, str]) -> Table:
@@ -347,8 +342,10 @@ def run_demo(
                 if not stack.worker_alive():
                     console.print(f"[red]the Celery worker died[/red]: see {folder}/worker.log")
                     break
-                rows = {r["id"]: r for team in client.keys for r in client.jobs(team)}
-                spend = {k: v for team in client.keys for k, v in client.spend_by_job(team).items()}
+                rows = {r["id"]: r for team in client.teams for r in client.jobs(team)}
+                spend = {
+                    k: v for team in client.teams for k, v in client.spend_by_job(team).items()
+                }
                 if outage is None and clock.now() >= outage_at:
                     outage = _outage(stack, rows) or "none"
                     if outage != "none":
@@ -360,7 +357,8 @@ def run_demo(
         for job in admitted:
             assert job.id is not None
             job.final = client.job(job.team, job.id)
-        budgets = {team: client.budget(team) for team in client.keys}
+        budgets = {team: client.budget(team) for team in client.teams}
+        client.close()
         console.print(summary_tables(jobs, budgets))
         for job in jobs:
             if job.refusal:

@@ -216,7 +216,8 @@ class EmbeddedStack:
 
     def _apply_env(self) -> None:
         from broker.db import engine as db
-        from broker.services import planning, wiring
+        from broker.services import quoting as planning
+        from broker.services import wiring
 
         for key, value in self.env.items():
             self._saved_env.setdefault(key, os.environ.get(key))

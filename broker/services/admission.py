@@ -18,7 +18,8 @@ from broker.db.ids import new_id
 from broker.db.models import Job
 from broker.services.job_spec import JobSpec
 from broker.services.ledger import lock_team, reserve
-from broker.services.planning import plan_fields, quote_job
+from broker.services.plans import ChosenPlan
+from broker.services.quoting import quote_job
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +33,11 @@ def request_hash(spec: JobSpec) -> str:
 
 
 def check_deadline(spec: JobSpec, now: datetime) -> None:
-    """The deadline must lie in the future and within a year."""
-    if spec.deadline <= now:
-        raise InvalidInput(f"deadline {spec.deadline.isoformat()} is in the past", "deadline")
-    if spec.deadline > now + MAX_HORIZON:
+    """The (resolved) deadline must lie in the future and within a year."""
+    deadline = spec.deadline_at
+    if deadline <= now:
+        raise InvalidInput(f"deadline {deadline.isoformat()} is in the past", "deadline")
+    if deadline > now + MAX_HORIZON:
         raise InvalidInput("deadline is more than a year away", "deadline")
 
 
@@ -62,11 +64,12 @@ def submit(
     Returns the job and whether it was created (False: an earlier submission with the same
     Idempotency-Key and body). Raises BudgetExceeded, Conflict or InvalidInput.
     """
+    digest = request_hash(spec)  # as submitted: a relative deadline hashes as its span text
+    spec = spec.resolved(now)
     check_deadline(spec, now)
     plans = quote_job(spec, now, session)
     best = plans.plans[0]
     on_demand = plans.cheapest_on_demand
-    digest = request_hash(spec)
     if idempotency_key and (job := _existing(session, team_id, idempotency_key, digest)):
         return job, False
     team = lock_team(session, team_id)
@@ -81,10 +84,10 @@ def submit(
         spec=spec.model_dump(mode="json"),
         market=spec.market,
         total_work=spec.total_work,
-        deadline=spec.deadline,
+        deadline=spec.deadline_at,
         max_cost_micros=to_micros(spec.max_cost),
         on_demand_cost_micros=on_demand.expected_cost_micros if on_demand else None,
-        plan=plan_fields(best),
+        plan=ChosenPlan.from_plan(best).to_json(),
         priority=spec.priority,
         idempotency_key=idempotency_key,
         request_hash=digest,

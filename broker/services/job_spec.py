@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
@@ -15,9 +15,13 @@ from pydantic import (
     Discriminator,
     Field,
     PlainSerializer,
+    PlainValidator,
     Tag,
+    TypeAdapter,
     WithJsonSchema,
 )
+
+from broker.core.timespan import SPAN_PATTERN, is_span, parse_span
 
 
 def _money_in(value: Any) -> Any:
@@ -58,6 +62,40 @@ def _utc_representable(value: datetime) -> datetime:
 
 Time = Annotated[AwareDatetime, AfterValidator(_utc_representable)]
 """An ISO 8601 time with an offset (naive times are rejected) that UTC can represent."""
+
+_TIME: TypeAdapter[datetime] = TypeAdapter(Time)
+MAX_SPAN = timedelta(days=3653)
+"""Longer relative deadlines are refused outright (admission refuses beyond a year anyway);
+the bound keeps "now + span" inside the calendar."""
+
+
+def _deadline_in(value: Any) -> datetime | str:
+    # A span is kept as written, so that a retried submission hashes the same; admission
+    # resolves it against the broker's clock (JobSpec.resolved).
+    if isinstance(value, str) and is_span(value):
+        if len(value) > 64:
+            raise ValueError("a time span has at most 64 characters")
+        if parse_span(value) > MAX_SPAN:
+            raise ValueError(f"{value!r} is more than ten years ahead")
+        return value
+    return _TIME.validate_python(value)
+
+
+Deadline = Annotated[
+    datetime | str,
+    PlainValidator(_deadline_in),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "format": "date-time"},
+                {"type": "string", "pattern": SPAN_PATTERN, "maxLength": 64},
+            ],
+            "examples": ["2026-12-05T12:00:00Z", "+12h"],
+        }
+    ),
+]
+"""An ISO 8601 time with an offset, or a span (``+8h``, ``+1d12h``) from the broker's clock
+at admission, kept as written until JobSpec.resolved."""
 
 Name = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][\w .\-]*$")]
 PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
@@ -119,7 +157,7 @@ class JobSpec(Strict):
         Discriminator(_workload_kind),
     ]
     resources: Resources
-    deadline: Time
+    deadline: Deadline
     max_cost: Money
     market: Literal["auto", "spot", "on_demand"] = "auto"
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
@@ -131,3 +169,16 @@ class JobSpec(Strict):
         if isinstance(self.workload, ModelWorkload):
             return float(self.workload.steps)
         return float(self.workload.reference_gpu_hours)
+
+    @property
+    def deadline_at(self) -> datetime:
+        """The deadline as a time; a spec still holding a span must be resolved first."""
+        if not isinstance(self.deadline, datetime):
+            raise TypeError(f"deadline {self.deadline!r} is relative: call resolved(now) first")
+        return self.deadline
+
+    def resolved(self, now: datetime) -> JobSpec:
+        """This spec with its deadline absolute: a span (``+12h``) becomes ``now`` plus it."""
+        if isinstance(self.deadline, datetime):
+            return self
+        return self.model_copy(update={"deadline": now + parse_span(self.deadline)})

@@ -1,10 +1,12 @@
 """Job state changes: each one function, one transaction, with the job row locked.
 
-These functions touch only the database. The runner (``broker/runner.py``) calls the clouds
-between them: an attempt row is committed before its instance is launched (its id is the
-launch's idempotency token), and an attempt is marked ended before its instance is
-terminated, so a crash anywhere leaves either a retryable launch or an orphan for reconcile.
-Every function returns the instances the caller must terminate.
+These functions touch only the database; what an attempt costs is worked out and booked by
+``broker.services.billing``, inside their transactions. The runner
+(``broker.services.runner``) calls the clouds between them: an attempt row is committed
+before its instance is launched (its id is the launch's idempotency token), and an attempt
+is marked ended before its instance is terminated, so a crash anywhere leaves either a
+retryable launch or an orphan for reconcile. The functions that end attempts return the
+instances the caller must terminate.
 """
 
 from __future__ import annotations
@@ -14,32 +16,24 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sqlmodel import Session, col, select
 
 from broker.core.errors import BudgetExceeded, Conflict, NotFound
 from broker.core.job_status import JobStatus, check_transition, is_terminal
-from broker.core.money import cost_micros, format_usd
+from broker.core.money import cost_micros
 from broker.db.engine import begin_write, is_postgres
 from broker.db.ids import new_id
-from broker.db.models import Attempt, Checkpoint, Job, Team
+from broker.db.models import Attempt, Checkpoint, Job
 from broker.faults import fault_point
-from broker.services.ledger import (
-    book_spend,
-    job_reserved,
-    job_spent,
-    lock_team,
-    release,
-    reserve,
-    team_budget,
-)
+from broker.services.billing import bill, warn_on_alert
+from broker.services.ledger import job_reserved, job_spent, lock_team, release, reserve
+from broker.services.plans import ChosenPlan
 from broker.services.teams import hash_token
 
 log = logging.getLogger(__name__)
 
 LAUNCHING, RUNNING, ENDED = "launching", "running", "ended"
-MIN_BILLED_SECONDS = {"aws": 60.0, "gcp": 60.0}
 MAX_LAUNCH_FAILURES = 8
 
 
@@ -77,36 +71,12 @@ def live_attempts(session: Session, job_id: str) -> list[Attempt]:
     )
 
 
-def billed_seconds(attempt: Attempt, until: datetime) -> float:
-    """Seconds billed for a started attempt up to ``until`` (per second, provider minimum)."""
-    if attempt.started_at is None:
-        return 0.0
-    elapsed = max((until - attempt.started_at).total_seconds(), 0.0)
-    return max(elapsed, MIN_BILLED_SECONDS.get(attempt.provider, 60.0))
-
-
-def _accrue(session: Session, job: Job, attempt: Attempt, now: datetime) -> int:
-    """Book what the attempt has cost since the last booking; returns the new amount."""
-    if attempt.status != RUNNING:
-        return 0
-    # Billing never runs backwards: a worker that read the clock before another booked a
-    # later time must not leave billed_seconds short of what cost_micros already holds.
-    seconds = max(billed_seconds(attempt, now), attempt.billed_seconds)
-    total = cost_micros(attempt.price_micros_per_hour, seconds)
-    delta = total - attempt.cost_micros
-    attempt.billed_seconds = seconds
-    if delta > 0:
-        attempt.cost_micros = total
-        book_spend(session, job, attempt, delta, now)
-    session.add(attempt)
-    return max(delta, 0)
-
-
 def _end_attempt(
     session: Session, job: Job, attempt: Attempt, reason: str, now: datetime
 ) -> ToTerminate | None:
     """Settle an attempt's spend up to ``now`` and mark it ended."""
-    _accrue(session, job, attempt, now)
+    if attempt.status == RUNNING:
+        bill(session, job, attempt, now)
     attempt.status = ENDED
     attempt.end_reason = reason
     attempt.ended_at = now
@@ -169,14 +139,14 @@ def stop(
 def begin_attempt(
     session: Session,
     job_id: str,
-    plan: dict[str, Any],
-    price_micros: int,
+    plan: ChosenPlan,
     now: datetime,
     token_for: Callable[[str], str] | None = None,
     reserve_up_to: int | None = None,
 ) -> tuple[Attempt, str] | None:
     """Record a new attempt on ``plan`` (job -> provisioning) before anything is launched.
 
+    ``plan`` becomes the job's plan; the attempt is billed at its hourly price.
     ``token_for(attempt_id)`` makes the attempt's agent token (default: random); only its
     hash is stored. ``reserve_up_to``: the plan's worst case; when the job holds less, the
     difference is reserved from its team's budget (BudgetExceeded if the team lacks it), so
@@ -197,7 +167,7 @@ def begin_attempt(
                 session.rollback()
                 raise
     _move(job, JobStatus.PROVISIONING, now)
-    job.plan = plan
+    job.plan = plan.to_json()
     job.work_done = job.checkpointed_work
     attempt_id = new_id("att")
     token = token_for(attempt_id) if token_for else "att_" + secrets.token_urlsafe(24)
@@ -205,14 +175,14 @@ def begin_attempt(
         id=attempt_id,
         job_id=job.id,
         team_id=job.team_id,
-        provider=plan["provider"],
-        region=plan["region"],
-        zone=plan["zone"],
-        instance_type=plan["instance_type"],
-        gpu=plan["gpu"],
-        gpu_count=plan["gpu_count"],
-        market=plan["market"],
-        price_micros_per_hour=price_micros,
+        provider=plan.provider,
+        region=plan.region,
+        zone=plan.zone,
+        instance_type=plan.instance_type,
+        gpu=plan.gpu,
+        gpu_count=plan.gpu_count,
+        market=plan.market,
+        price_micros_per_hour=plan.price_per_hour_micros,
         status=LAUNCHING,
         token_hash=hash_token(token),
         work_at_start=job.checkpointed_work,
@@ -333,23 +303,6 @@ def migrate(session: Session, attempt_id: str, reason: str, now: datetime) -> li
     return [ended] if ended else []
 
 
-def _warn_on_alert(session: Session, job: Job, booked: int, now: datetime) -> None:
-    """Log a warning when this booking takes the team's spend past its alert threshold."""
-    team = session.get(Team, job.team_id)
-    if team is None:
-        return
-    figures = team_budget(session, team, now)
-    threshold = figures.alert_at * figures.limit
-    if figures.spent - booked < threshold <= figures.spent:
-        log.warning(
-            "team %s passed its budget alert: %s of %s USD spent",
-            team.name,
-            format_usd(figures.spent),
-            format_usd(figures.limit),
-            extra={"team_id": team.id, "job_id": job.id},
-        )
-
-
 def accrue(
     session: Session, attempt_id: str, now: datetime, lookahead_seconds: float
 ) -> list[ToTerminate]:
@@ -364,10 +317,10 @@ def accrue(
     if attempt.status != RUNNING or is_terminal(job.status):
         session.rollback()
         return []
-    booked = _accrue(session, job, attempt, now)
+    booked = bill(session, job, attempt, now)
     session.flush()
     if booked:
-        _warn_on_alert(session, job, booked, now)
+        warn_on_alert(session, job, booked, now)
     next_cost = cost_micros(attempt.price_micros_per_hour, lookahead_seconds)
     if job_spent(session, job.id) + next_cost > job.max_cost_micros:
         ended = _finish(

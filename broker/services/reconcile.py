@@ -10,6 +10,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from broker import clock
+from broker.db.engine import open_session
 from broker.db.models import Attempt
 from broker.services import lifecycle
 from broker.services.lifecycle import LAUNCHING, RUNNING
@@ -49,7 +50,7 @@ def reconcile(
     checkpoint.
     """
     report = ReconcileReport()
-    with Session(engine, expire_on_commit=False) as session:
+    with open_session(engine) as session:
         live = {
             a.id: a
             for a in session.exec(

@@ -2,7 +2,9 @@
 
 Every database change goes through one ``lifecycle`` function; cloud calls happen between
 them, never inside a transaction: an attempt is committed before its launch (its id is the
-launch's idempotency token) and ended before its instance is terminated.
+launch's idempotency token) and ended before its instance is terminated. The plans come from
+``quoting``, the decision to switch market from ``steering``; the runner carries them out and
+hands ended attempts to ``calibration``.
 """
 
 from __future__ import annotations
@@ -20,14 +22,17 @@ from sqlmodel import Session, col, select
 from broker import clock
 from broker.core.errors import BudgetExceeded
 from broker.core.job_status import JobStatus, is_terminal
-from broker.core.money import to_micros
+from broker.db.engine import open_session
 from broker.db.models import Attempt, Job
 from broker.faults import fault_point
 from broker.services import lifecycle
+from broker.services.calibration import calibrate
 from broker.services.lifecycle import LAUNCHING, RUNNING, ToTerminate
 from broker.services.metrics import PROVIDER_ERRORS
-from broker.services.planning import Choice, Planning, refused_zones
+from broker.services.plans import ChosenPlan, job_plan
+from broker.services.quoting import Planning
 from broker.services.reconcile import ReconcileReport, reconcile
+from broker.services.steering import market_now, refused_zones, steer
 from providers.base import (
     TAG_ATTEMPT,
     TAG_JOB,
@@ -96,7 +101,7 @@ class Runner:
         self.checkpoint_bucket = checkpoint_bucket
 
     def _session(self) -> Session:
-        return Session(self.engine, expire_on_commit=False)
+        return open_session(self.engine)
 
     # -- launching ------------------------------------------------------------------------
 
@@ -133,7 +138,7 @@ class Runner:
                 )
                 return None
             excluded = refused_zones(session, now, job_id)
-            market = market or self.planning.market_now(session, job, now, self.tick_hours)
+            market = market or market_now(self.planning, session, job, now, self.tick_hours)
             replan = self.planning.plans_for_job(
                 session, job, now, market=market, exclude_zones=excluded
             )
@@ -146,7 +151,7 @@ class Runner:
                 return None
             tried: set[tuple[str, str, str]] = set()
             for choice in self._first_plan(session, job) + replan.choices[:3]:
-                offer = (choice.plan["zone"], choice.plan["instance_type"], choice.plan["market"])
+                offer = (choice.zone, choice.instance_type, choice.market)
                 if offer in tried:
                     continue
                 tried.add(offer)
@@ -154,11 +159,10 @@ class Runner:
                     begun = lifecycle.begin_attempt(
                         session,
                         job_id,
-                        choice.plan,
-                        choice.price_micros,
+                        choice,
                         now,
                         token_for=lambda attempt_id: agent_token(self.agent_secret, attempt_id),
-                        reserve_up_to=choice.worst_case_micros,
+                        reserve_up_to=choice.worst_case_cost_micros,
                     )
                 except BudgetExceeded as error:
                     self._terminate(
@@ -176,15 +180,12 @@ class Runner:
                     return None
             return None
 
-    def _first_plan(self, session: Session, job: Job) -> list[Choice]:
+    def _first_plan(self, session: Session, job: Job) -> list[ChosenPlan]:
         """The plan admission chose and showed, for a job's first launch."""
-        if (
-            job.plan is None
-            or session.exec(select(Attempt.id).where(Attempt.job_id == job.id)).first()
-        ):
+        plan = job_plan(job)
+        if plan is None or session.exec(select(Attempt.id).where(Attempt.job_id == job.id)).first():
             return []
-        plan = job.plan
-        return [Choice(plan, to_micros(plan["price_per_hour"]), to_micros(plan["worst_case_cost"]))]
+        return [plan]
 
     @property
     def tick_hours(self) -> float:
@@ -302,7 +303,7 @@ class Runner:
                 return
             if state is None or state.status in ("terminated", "preempted"):
                 lifecycle.preempted(session, attempt_id, now)
-                self.planning.calibrate(session, attempt_id)
+                calibrate(self.planning, session, attempt_id)
                 log.info(
                     "instance gone: %s",
                     state.reason if state else "not found",
@@ -320,7 +321,7 @@ class Runner:
                 self._terminate(
                     lifecycle.stop(session, job.id, JobStatus.SUCCEEDED, "work reached", now)
                 )
-                self.planning.calibrate(session, attempt_id)
+                calibrate(self.planning, session, attempt_id)
             elif now >= job.deadline:
                 self._terminate(
                     lifecycle.stop(
@@ -331,15 +332,16 @@ class Runner:
                 self._steer(session, job, attempt, now)
 
     def _steer(self, session: Session, job: Job, attempt: Attempt, now: datetime) -> None:
-        """Ask the policy whether to keep this attempt; switch market when it says so."""
-        decision = self.planning.steer(session, job, attempt, now, self.tick_hours)
+        """Carry out what ``steering.steer`` decides for a running attempt: keep it, or end it
+        and launch the job on the other market."""
+        decision = steer(self.planning, session, job, attempt, now, self.tick_hours)
         if decision == "continue":
             return
         self._terminate(lifecycle.migrate(session, attempt.id, MOVE_REASONS[decision], now))
         # Launch on the speeds steer checked the new plan with, then learn from the attempt:
         # a short attempt's noisy speed must not turn that plan into a stop.
         self.launch(job.id, market=decision)
-        self.planning.calibrate(session, attempt.id)
+        calibrate(self.planning, session, attempt.id)
 
     # -- cleaning up ----------------------------------------------------------------------
 

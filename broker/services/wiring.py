@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from broker.db.engine import get_engine
-from broker.services.planning import get_planning
+from broker.services.quoting import get_planning
 from broker.services.runner import Runner
 from broker.settings import Settings, get_settings
 from providers.registry import build_providers

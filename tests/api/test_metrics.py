@@ -20,7 +20,7 @@ from sqlmodel import Session
 from broker.logs import configure_logging
 from broker.services import lifecycle
 from broker.settings import Settings, get_settings
-from tests.helpers import SPOT_PLAN, job_spec
+from tests.helpers import SPOT_PLAN, chosen, job_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,7 +62,9 @@ def submit(client, headers) -> dict:  # type: ignore[no-untyped-def]
 
 
 def run_attempt(session, job_id, plan, price_micros, clock):  # type: ignore[no-untyped-def]
-    attempt, token = lifecycle.begin_attempt(session, job_id, plan, price_micros, clock.now())
+    attempt, token = lifecycle.begin_attempt(
+        session, job_id, chosen(plan, price_micros), clock.now()
+    )
     lifecycle.launch_succeeded(session, attempt.id, f"i-{attempt.id[-8:]}", clock.now())
     return attempt, token
 
@@ -94,7 +96,7 @@ def test_metrics_count_jobs_money_and_attempts_from_the_database(
         lifecycle.preempted(session, attempt.id, clock.now())
         tokens.append(token)
         refused, token = lifecycle.begin_attempt(
-            session, job_a["id"], SPOT_AZ2, 918_000, clock.now()
+            session, job_a["id"], chosen(SPOT_AZ2, 918_000), clock.now()
         )
         lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
         tokens.append(token)

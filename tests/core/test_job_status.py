@@ -25,7 +25,6 @@ def test_every_move_not_in_the_table_is_illegal(source):
 
 def test_the_design_path_is_allowed():
     path = [
-        "pending",
         "queued",
         "provisioning",
         "running",

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from broker.bundled import bundled_throughput_model
 from broker.core.offers import NO_PRICE, Offer, OfferTable
 from broker.core.planner import SPOT_WINDOWS, Plan, PlanRequest, PlanSet, rank_plans
-from broker.services.planning import Planning
+from broker.services.quoting import Planning
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 

@@ -12,10 +12,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlmodel import Session, select
 
+from broker.client import BrokerClient, Job, Quote
 from broker.core.job_status import TERMINAL
 from tests.helpers import drop_postgres, fresh_postgres, reachable
 
@@ -68,25 +68,18 @@ def backend_stack(
 
 
 class Api:
-    """A team's view of the stack's API (the admin creates the team and its key)."""
+    """A team's view of the stack's API through ``BrokerClient`` (the admin creates the team
+    and its key); ``client`` is the team's client."""
 
     def __init__(self, stack: Any, limit: str = "1000.00") -> None:
         self.stack = stack
-        self.http = httpx.Client(base_url=stack.api_url, timeout=30)
-        admin = {"Authorization": f"Bearer {stack.admin_token}"}
-        body = {
-            "name": f"e2e-{secrets.token_hex(3)}",
-            "budget": {"limit": limit, "period": "month"},
-        }
-        team = self.http.post("/v1/teams", json=body, headers=admin)
-        assert team.status_code == 201, team.text
-        self.team = team.json()
-        key = self.http.post(
-            f"/v1/teams/{self.team['id']}/keys", json={"name": "e2e"}, headers=admin
-        )
-        assert key.status_code == 201, key.text
-        self.key = key.json()["token"]
-        self.headers = {"Authorization": f"Bearer {self.key}"}
+        with BrokerClient(stack.api_url, stack.admin_token) as admin:
+            self.team = admin.create_team(f"e2e-{secrets.token_hex(3)}", limit)
+            self.key = admin.create_key(self.team["id"], "e2e")["token"]
+        self.client = BrokerClient(stack.api_url, self.key)
+
+    def close(self) -> None:
+        self.client.close()
 
     def spec(self, hours: float = 2.0, deadline_hours: float = 10.0, **extra: Any) -> dict:
         from broker import clock
@@ -102,22 +95,16 @@ class Api:
         spec.update(extra)
         return spec
 
-    def quote(self, spec: dict) -> dict:
-        response = self.http.post("/v1/quotes", json=spec, headers=self.headers)
-        assert response.status_code == 200, response.text
-        return response.json()
+    def quote(self, spec: dict) -> Quote:
+        return self.client.quote(spec)
 
-    def submit(self, spec: dict) -> dict:
-        response = self.http.post("/v1/jobs", json=spec, headers=self.headers)
-        assert response.status_code == 201, response.text
-        return response.json()
+    def submit(self, spec: dict) -> Job:
+        return self.client.submit_job(spec)
 
-    def job(self, job_id: str) -> dict:
-        response = self.http.get(f"/v1/jobs/{job_id}", headers=self.headers)
-        assert response.status_code == 200, response.text
-        return response.json()
+    def job(self, job_id: str) -> Job:
+        return self.client.get_job(job_id)
 
-    def wait(self, job_id: str, until: Callable[[dict], bool], timeout: float = 120.0) -> dict:
+    def wait(self, job_id: str, until: Callable[[Job], bool], timeout: float = 120.0) -> Job:
         deadline = time.monotonic() + timeout
         job = self.job(job_id)
         while not until(job):
@@ -131,7 +118,7 @@ class Api:
             job = self.job(job_id)
         return job
 
-    def finish(self, job_id: str, timeout: float = 120.0) -> dict:
+    def finish(self, job_id: str, timeout: float = 120.0) -> Job:
         return self.wait(job_id, lambda j: j["status"] in TERMINAL, timeout)
 
 

@@ -166,7 +166,7 @@ def test_job_page_shows_the_timeline_and_spend_curve(ran_jobs, browser) -> None:
 def test_team_key_sees_only_its_team(ran_jobs, browser) -> None:  # type: ignore[no-untyped-def]
 
     stack, client = ran_jobs
-    token = client.keys["nlp"]["Authorization"].removeprefix("Bearer ")
+    token = client.tokens["nlp"]
     browser.delete_all_cookies()
     _login(browser, stack.api_url, token)
     text = _body_text(browser)

@@ -59,7 +59,7 @@ def test_job_succeeds_and_its_ledger_equals_billed_seconds_times_price(stack: An
     assert done["reserved"] == "0.00"
     assert all(a["status"] == "ended" for a in done["attempts"])
     assert_ledger_matches_attempts(job["id"])
-    budget = api.http.get("/v1/budget", headers=api.headers).json()
+    budget = api.client.budget()
     assert budget["spent"] == done["spent"]
     assert_no_instance_left(stack)
 
@@ -160,9 +160,7 @@ def test_cancel_terminates_the_instance(stack: Any) -> None:
     job = api.submit(api.spec(hours=20.0, deadline_hours=40.0))
     running = api.wait(job["id"], lambda j: j["status"] == "running")
     instance = running["attempts"][-1]["instance_id"]
-    response = api.http.post(f"/v1/jobs/{job['id']}/cancel", headers=api.headers)
-    assert response.status_code == 202, response.text
-    assert response.json()["status"] == "cancelled"
+    assert api.client.cancel_job(job["id"])["status"] == "cancelled"
     deadline = time.monotonic() + 15
     while instance in stack.running_instances():
         assert time.monotonic() < deadline, f"{instance} still running after cancel"

@@ -13,11 +13,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from broker.client import BrokerApiError, BrokerUnreachable
 from broker.core.job_status import TERMINAL
 from tests.e2e.support import (
     PG_BASE,
@@ -40,7 +40,6 @@ def _run_jobs(
     from broker import clock
 
     api = Api(stack, limit="900.00")
-    http, headers = api.http, api.headers
     ids = []
     for i in range(count):
         spec = {
@@ -53,18 +52,16 @@ def _run_jobs(
         ids.append(api.submit(spec)["id"])
     deadline = time.monotonic() + timeout
     while True:
-        jobs = []
+        jobs: list[dict] = []
         for job_id in ids:
             try:
-                response = http.get(f"/v1/jobs/{job_id}", headers=headers)
-            except httpx.TransportError:  # a dropped keep-alive connection: poll again
+                jobs.append(dict(api.client.get_job(job_id)))
+            except BrokerUnreachable:  # a dropped keep-alive connection: poll again
                 jobs.append({"status": "unknown"})
-                continue
-            if tolerate_5xx and response.status_code >= 500:
+            except BrokerApiError as error:
+                if not (tolerate_5xx and (error.status or 0) >= 500):
+                    raise
                 jobs.append({"status": "unknown"})
-                continue
-            assert response.status_code == 200, response.text
-            jobs.append(response.json())
         if all(j["status"] in TERMINAL for j in jobs):
             return jobs
         assert stack.worker_alive(), "the worker died; see worker.log"

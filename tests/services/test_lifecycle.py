@@ -5,23 +5,18 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlmodel import Session, select
+from sqlmodel import select
 
-from broker.core.errors import Conflict, IllegalTransition, NotFound
+from broker.core.errors import BudgetExceeded, Conflict, IllegalTransition, NotFound
 from broker.core.job_status import JobStatus
 from broker.core.money import cost_micros
 from broker.db.models import Attempt, Job, LedgerEntry
 from broker.services import admission, lifecycle
 from broker.services.job_spec import JobSpec
 from broker.services.ledger import job_reserved, job_spent
+from broker.services.quoting import quote_job
 from broker.services.teams import create_team
-from tests.helpers import SPOT_PLAN, SPOT_PRICE, job_spec
-
-
-@pytest.fixture
-def session(db_engine):
-    with Session(db_engine, expire_on_commit=False) as s:
-        yield s
+from tests.helpers import SPOT_PLAN, SPOT_PRICE, chosen, job_spec
 
 
 @pytest.fixture
@@ -33,7 +28,9 @@ def job(session, clock):
 
 
 def _running(session, job, clock):
-    attempt, token = lifecycle.begin_attempt(session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now())
+    attempt, token = lifecycle.begin_attempt(
+        session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
+    )
     lifecycle.launch_succeeded(session, attempt.id, "i-123", clock.now())
     return attempt, token
 
@@ -89,7 +86,7 @@ def test_preemption_falls_back_to_latest_checkpoint(session, job, clock):
     assert reloaded.work_done == 1000 and reloaded.checkpointed_work == 1000
     assert lifecycle.latest_checkpoint(session, job.id).object_key == "ckpt/1000"
     second, _ = lifecycle.begin_attempt(
-        session, job.id, {**SPOT_PLAN, "zone": "use1-az2"}, SPOT_PRICE, clock.now()
+        session, job.id, chosen({**SPOT_PLAN, "zone": "use1-az2"}, SPOT_PRICE), clock.now()
     )
     assert second.work_at_start == 1000
 
@@ -122,7 +119,9 @@ def test_budget_exhausted_stops_before_overspending(session, job, clock):
 
 def test_capacity_failures_in_a_row_fail_the_job(session, job, clock):
     for _ in range(lifecycle.MAX_LAUNCH_FAILURES):
-        attempt, _ = lifecycle.begin_attempt(session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now())
+        attempt, _ = lifecycle.begin_attempt(
+            session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
+        )
         lifecycle.launch_failed(session, attempt.id, "capacity", clock.now())
     reloaded = session.get(Job, job.id)
     assert reloaded.status == "failed"
@@ -131,11 +130,15 @@ def test_capacity_failures_in_a_row_fail_the_job(session, job, clock):
 
 def test_second_live_attempt_is_refused(session, job, clock):
     _running(session, job, clock)
-    assert lifecycle.begin_attempt(session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now()) is None
+    assert (
+        lifecycle.begin_attempt(session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()) is None
+    )
 
 
 def test_launch_finishing_after_cancel_hands_back_instance(session, job, clock):
-    attempt, _ = lifecycle.begin_attempt(session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now())
+    attempt, _ = lifecycle.begin_attempt(
+        session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
+    )
     lifecycle.stop(session, job.id, JobStatus.CANCELLED, "test", clock.now())
     ended = lifecycle.launch_succeeded(session, attempt.id, "i-late", clock.now())
     assert [t.instance_id for t in ended] == ["i-late"]
@@ -163,10 +166,10 @@ def test_spend_passing_the_alert_threshold_logs_one_warning(session, clock, capl
     spec = JobSpec.model_validate(job_spec(max_cost="250.00"))
     job, _ = admission.submit(session, team.id, spec, clock.now())
     attempt, _ = lifecycle.begin_attempt(
-        session, job.id, SPOT_PLAN, 10_000_000, clock.now()
+        session, job.id, chosen(SPOT_PLAN, 10_000_000), clock.now()
     )  # $10/h
     lifecycle.launch_succeeded(session, attempt.id, "i-9", clock.now())
-    caplog.set_level("WARNING", logger="broker.services.lifecycle")
+    caplog.set_level("WARNING", logger="broker.services.billing")
     for _ in range(6):  # $10 per step: the $30 threshold is crossed at the third
         clock.advance(3600)
         lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)
@@ -177,7 +180,9 @@ def test_spend_passing_the_alert_threshold_logs_one_warning(session, clock, capl
 
 def test_a_repeated_launch_of_the_same_attempt_keeps_it_running(session, job, clock):
     # Two workers finishing the same interrupted launch: the token found the same instance.
-    attempt, _ = lifecycle.begin_attempt(session, job.id, SPOT_PLAN, SPOT_PRICE, clock.now())
+    attempt, _ = lifecycle.begin_attempt(
+        session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
+    )
     assert lifecycle.launch_succeeded(session, attempt.id, "i-7", clock.now()) == []
     assert lifecycle.launch_succeeded(session, attempt.id, "i-7", clock.now()) == []
     again = session.get(Attempt, attempt.id)
@@ -195,3 +200,39 @@ def test_a_job_whose_checkpoint_holds_all_work_succeeds_from_provisioning(sessio
     lifecycle.stop(session, job.id, JobStatus.SUCCEEDED, "work reached (checkpointed)", clock.now())
     assert session.get(Job, job.id).status == "succeeded"
     assert job_reserved(session, job.id) == 0
+
+
+def test_checkpoint_holding_all_work_before_preemption_succeeds(session, clock, submit, run_spot):
+    job = submit()
+    attempt, token = run_spot(job)
+    clock.advance(600)
+    lifecycle.record_progress(session, attempt.id, token, job.total_work, "final", clock.now())
+    lifecycle.preempted(session, attempt.id, clock.now())
+    assert session.get(Job, job.id).status == "succeeded"
+    assert job_reserved(session, job.id) == 0
+
+
+def test_relaunch_tops_up_the_reservation_to_the_new_plans_worst_case(session, clock, submit):
+    job = submit()
+    held = job_reserved(session, job.id)
+    lifecycle.begin_attempt(
+        session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now(), reserve_up_to=held + 1_000_000
+    )
+    assert job_reserved(session, job.id) == held + 1_000_000
+
+
+def test_top_up_beyond_the_team_budget_is_refused(session, clock, submit):
+    spec = job_spec(max_cost="250.00")
+    team_budget = (
+        quote_job(JobSpec.model_validate(spec), clock.now()).plans[0].worst_case_cost_micros
+    )
+    job = submit(budget=team_budget, max_cost="250.00")
+    with pytest.raises(BudgetExceeded):
+        lifecycle.begin_attempt(
+            session,
+            job.id,
+            chosen(SPOT_PLAN, SPOT_PRICE),
+            clock.now(),
+            reserve_up_to=team_budget * 2,
+        )
+    assert session.get(Job, job.id).status == "queued"

@@ -8,9 +8,8 @@ from fastapi import APIRouter, Query
 
 from broker.api.deps import NowDep, SessionDep, TeamDep
 from broker.api.errors import error_responses
-from broker.api.present import budget_out
-from broker.api.schemas import BudgetOut, SpendOut, SpendRow
-from broker.core.money import format_usd
+from broker.api.present import budget_out, spend_out
+from broker.api.schemas import BudgetOut, SpendOut
 from broker.services import teams
 from broker.services.job_spec import Time
 from broker.services.ledger import spend_report
@@ -32,8 +31,4 @@ def get_spend(
     end: Annotated[Time | None, Query()] = None,
     group_by: Annotated[Literal["day", "job", "provider"], Query()] = "day",
 ) -> SpendOut:
-    rows = spend_report(session, team_id, start, end, group_by)
-    return SpendOut(
-        rows=[SpendRow(key=k, amount=format_usd(v)) for k, v in rows],
-        total=format_usd(sum(v for _, v in rows)),
-    )
+    return spend_out(spend_report(session, team_id, start, end, group_by))

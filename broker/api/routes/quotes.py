@@ -7,10 +7,11 @@ from pydantic import BaseModel
 
 from broker.api.deps import NowDep, SessionDep, TeamDep
 from broker.api.errors import INFEASIBLE_OR_INVALID, error_responses
+from broker.api.present import plan_fields
 from broker.api.schemas import PlanOut
 from broker.services.admission import check_deadline
 from broker.services.job_spec import JobSpec
-from broker.services.planning import plan_fields, quote_job
+from broker.services.quoting import quote_job
 
 router = APIRouter(prefix="/v1", tags=["quotes"], responses=error_responses(401, 403))
 
@@ -26,6 +27,7 @@ class QuoteOut(BaseModel):
     responses={**error_responses(413), **INFEASIBLE_OR_INVALID},
 )
 def post_quote(spec: JobSpec, session: SessionDep, now: NowDep, _team_id: TeamDep) -> QuoteOut:
+    spec = spec.resolved(now)  # a relative deadline counts from the broker's clock, as at admission
     check_deadline(spec, now)
     plans = quote_job(spec, now, session)
     cheapest = plans.cheapest_on_demand

@@ -1,0 +1,82 @@
+"""Learning how fast GPUs really are: throughput corrections per (model, GPU type).
+
+An ended attempt's observed speed is folded into its (model, GPU) correction
+(``calibrate``); quotes, re-plans and steering read the corrections back (``corrections``)
+and run the throughput model with them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import numpy as np
+from sqlmodel import Session, select
+
+from broker.core.throughput import Workload, update_correction
+from broker.db.engine import begin_write, is_postgres
+from broker.db.models import Attempt, Job, ThroughputCorrection
+from broker.services.job_spec import JobSpec
+
+if TYPE_CHECKING:
+    from broker.services.quoting import Planning
+
+log = logging.getLogger(__name__)
+
+MIN_CALIBRATION_HOURS = 0.25  # attempts shorter than this (after restart) teach nothing
+
+
+def corrections(session: Session) -> dict[tuple[str, str], float]:
+    """Learnt throughput corrections per (model, GPU type)."""
+    rows = session.exec(select(ThroughputCorrection)).all()
+    return {(row.model, row.gpu): row.factor for row in rows}
+
+
+def calibrate(planning: Planning, session: Session, attempt_id: str) -> float | None:
+    """Fold an ended attempt's observed speed into its (model, GPU) correction.
+
+    Speed = work the attempt did / its running hours after the restart overhead, against
+    the uncorrected prediction of ``planning``'s model for its GPU; attempts too short to say
+    are skipped. Returns the new factor, or None when nothing was learnt.
+    """
+    begin_write(session)  # reads then a write: on SQLite take the write lock first
+    attempt = session.get(Attempt, attempt_id)
+    job = session.get(Job, attempt.job_id) if attempt else None
+    if attempt is None or job is None or attempt.started_at is None or attempt.ended_at is None:
+        session.rollback()
+        return None
+    model_name = job.spec.get("workload", {}).get("model")
+    if not model_name:
+        session.rollback()
+        return None
+    hours = (attempt.ended_at - attempt.started_at).total_seconds() / 3600
+    hours -= planning.restart_hours(job)
+    work = attempt.work_done - attempt.work_at_start
+    if hours < MIN_CALIBRATION_HOURS or work <= 0:
+        session.rollback()
+        return None
+    spec = JobSpec.model_validate(job.spec)
+    workload = Workload.from_mapping(spec.workload.model_dump(exclude_none=True))
+    predicted = float(
+        planning.model.work_per_hour(
+            workload, np.array([attempt.gpu]), np.array([attempt.gpu_count])
+        )[0]
+    )
+    statement = select(ThroughputCorrection).where(
+        ThroughputCorrection.model == model_name, ThroughputCorrection.gpu == attempt.gpu
+    )
+    if is_postgres(session):
+        statement = statement.with_for_update()
+    row = session.exec(statement).first()
+    if row is None:
+        row = ThroughputCorrection(model=model_name, gpu=attempt.gpu, factor=1.0, observations=0)
+    row.factor = update_correction(row.factor, predicted, work / hours, row.observations)
+    row.observations += 1
+    row.updated_at = attempt.ended_at
+    session.add(row)
+    session.commit()
+    log.info(
+        "throughput calibrated",
+        extra={"model": model_name, "gpu": attempt.gpu, "factor": round(row.factor, 4)},
+    )
+    return row.factor

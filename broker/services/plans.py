@@ -1,0 +1,89 @@
+"""Plans as the services pass them around and store them: typed, money in integer micro-dollars.
+
+A :class:`ChosenPlan` is what admission picked, what a re-plan offers an attempt and what
+``Job.plan`` holds (as ``to_json()``). Only the API's presentation (``broker.api.present``)
+and the CLI and dashboard turn its figures into decimal strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from broker.core.planner import Plan
+from broker.db.models import Job
+
+
+@dataclass(frozen=True)
+class ChosenPlan:
+    """An offer on one market with its hourly price, expected time and cost, worst case
+    and odds of meeting the deadline."""
+
+    provider: str
+    region: str
+    zone: str
+    instance_type: str
+    gpu: str
+    gpu_count: int
+    market: str
+    price_per_hour_micros: int
+    expected_hours: float
+    expected_cost_micros: int
+    worst_case_cost_micros: int
+    p_deadline: float
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> ChosenPlan:
+        """The planner's answer, as services keep it."""
+        return cls(
+            provider=plan.provider,
+            region=plan.region,
+            zone=plan.zone,
+            instance_type=plan.instance_type,
+            gpu=plan.gpu,
+            gpu_count=int(plan.gpu_count),
+            market=plan.market,
+            price_per_hour_micros=int(plan.price_per_hour_micros),
+            expected_hours=float(plan.expected_hours),
+            expected_cost_micros=int(plan.expected_cost_micros),
+            worst_case_cost_micros=int(plan.worst_case_cost_micros),
+            p_deadline=float(plan.p_deadline),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as the ``Job.plan`` column stores it (money as integers)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ChosenPlan:
+        """A plan from the ``Job.plan`` column (KeyError when a field is missing)."""
+        return cls(
+            provider=data["provider"],
+            region=data["region"],
+            zone=data["zone"],
+            instance_type=data["instance_type"],
+            gpu=data["gpu"],
+            gpu_count=int(data["gpu_count"]),
+            market=data["market"],
+            price_per_hour_micros=int(data["price_per_hour_micros"]),
+            expected_hours=float(data["expected_hours"]),
+            expected_cost_micros=int(data["expected_cost_micros"]),
+            worst_case_cost_micros=int(data["worst_case_cost_micros"]),
+            p_deadline=float(data["p_deadline"]),
+        )
+
+
+def job_plan(job: Job) -> ChosenPlan | None:
+    """The plan a job runs on (admission's, then each attempt's), or None before it has one."""
+    return ChosenPlan.from_json(job.plan) if job.plan else None
+
+
+@dataclass(frozen=True)
+class Replan:
+    """Plans for a job's remaining work, best first, or why there is none (``stop`` names
+    the status the job should end in)."""
+
+    choices: list[ChosenPlan]
+    stop: Literal["budget_exhausted", "deadline_missed"] | None = None
+    reason: str | None = None

@@ -1,0 +1,220 @@
+"""Quotes and re-plans: ranked plans for a job spec, or for what is left of a running job.
+
+The pure planner (``broker.core.planner``) and the throughput model do the thinking; this
+module feeds them the offers the broker may launch (``Planning``), the job's work, deadline
+and budget, and the throughput corrections learnt from earlier attempts
+(``broker.services.calibration``). Steering (``broker.services.steering``), calibration and
+the price refresh (``broker.services.price_refresh``) work on the same ``Planning``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from datetime import datetime
+from functools import lru_cache
+
+import numpy as np
+from sqlmodel import Session
+
+from broker.bundled import bundled_throughput_model
+from broker.core.errors import Infeasible, InvalidInput
+from broker.core.money import to_micros
+from broker.core.offers import OfferTable
+from broker.core.planner import PlanRequest, PlanSet, rank_plans, resource_mask
+from broker.core.throughput import ThroughputModel, Workload
+from broker.db.models import Job, Team
+from broker.services.calibration import corrections
+from broker.services.job_spec import JobSpec
+from broker.services.ledger import job_reserved, job_spent, team_budget
+from broker.services.plans import ChosenPlan, Replan
+from broker.settings import Settings, get_settings
+from pricing.catalog import bundled_catalog
+
+STARTUP_HOURS = 0.1  # launch + boot + setup before a restore starts
+
+
+def launchable(
+    offers: OfferTable, aws_regions: Iterable[str], gcp_zones: Iterable[str]
+) -> OfferTable:
+    """The offers in the AWS regions and GCP zones the broker is configured to launch in."""
+    mask = ((offers.provider == "aws") & np.isin(offers.region, list(aws_regions))) | (
+        (offers.provider == "gcp") & np.isin(offers.zone, list(gcp_zones))
+    )
+    return offers.take(np.flatnonzero(mask))
+
+
+def plan_request(spec: JobSpec, now: datetime, total_work: float, top_n: int = 20) -> PlanRequest:
+    """Translate an API job spec into a :class:`PlanRequest` (deadline as hours from ``now``)."""
+    r = spec.resources
+    return PlanRequest(
+        gpus=r.gpus,
+        total_work=total_work,
+        deadline_hours=(spec.deadline - now).total_seconds() / 3600.0,
+        max_cost_micros=to_micros(spec.max_cost),
+        gpu_types=tuple(r.gpu_types) if r.gpu_types is not None else None,
+        min_gpu_memory_gb=r.min_gpu_memory_gb,
+        providers=tuple(r.providers) if r.providers is not None else None,
+        regions=tuple(r.regions) if r.regions is not None else None,
+        vcpus_per_gpu=r.vcpus_per_gpu,
+        ram_gb_per_gpu=r.ram_gb_per_gpu,
+        market=spec.market,
+        checkpoint_interval_hours=spec.checkpoint.interval_minutes / 60.0,
+        checkpoint_size_gb=spec.checkpoint.size_gb,
+        top_n=top_n,
+    )
+
+
+class Planning:
+    """The offers the broker may launch and the throughput model, used by API and workers."""
+
+    def __init__(
+        self,
+        offers: OfferTable,
+        model: ThroughputModel,
+        *,
+        startup_hours: float = STARTUP_HOURS,
+        settings: Settings | None = None,
+    ) -> None:
+        self.offers = offers
+        self.model = model
+        self.startup_hours = startup_hours
+        self.settings = settings
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Planning:
+        """The bundled catalog cut to the configured regions and zones."""
+        offers = launchable(bundled_catalog(), settings.aws_regions, settings.gcp_zones)
+        return cls(offers, bundled_throughput_model(), settings=settings)
+
+    def _model(self, learnt: Mapping[tuple[str, str], float] | None) -> ThroughputModel:
+        if not learnt:
+            return self.model
+        known = {m.lower() for m in self.model.known_models()}
+        return self.model.with_corrections(
+            {k: v for k, v in learnt.items() if k[0].lower() in known}
+        )
+
+    def _rates(self, spec: JobSpec, model: ThroughputModel, mask: np.ndarray) -> np.ndarray:
+        workload = Workload.from_mapping(spec.workload.model_dump(exclude_none=True))
+        rates = np.zeros(len(self.offers))
+        if mask.any():
+            count = self.offers.gpu_count[mask]
+            rates[mask] = model.work_per_hour(
+                workload,
+                self.offers.gpu[mask],
+                count,
+                self.offers.vcpus[mask] / count,
+                self.offers.ram_gb[mask] / count,
+            )
+        return rates
+
+    def quote(
+        self,
+        spec: JobSpec,
+        now: datetime,
+        *,
+        learnt: Mapping[tuple[str, str], float] | None = None,
+        work_left: float | None = None,
+        budget_micros: int | None = None,
+        market: str | None = None,
+        exclude_zones: Iterable[str] = (),
+        top_n: int = 20,
+    ) -> PlanSet:
+        """Ranked plans for ``spec`` (or what is left of it) at ``now``."""
+        try:
+            request = plan_request(spec, now, spec.total_work, top_n)
+        except ValueError as error:
+            raise InvalidInput(str(error), "workload") from None
+        if work_left is not None:
+            request = replace(request, total_work=max(work_left, 1e-9))
+        if budget_micros is not None:
+            request = replace(request, max_cost_micros=budget_micros)
+        if market is not None:
+            request = replace(request, market=market)
+        mask = resource_mask(request, self.offers)
+        excluded = list(exclude_zones)
+        if excluded:
+            mask &= ~np.isin(self.offers.zone, excluded)
+        try:
+            rates = self._rates(spec, self._model(learnt), mask)
+        except ValueError as error:
+            raise InvalidInput(str(error), "workload") from None
+        return rank_plans(request, self.offers, rates, self.startup_hours)
+
+    def plans_for_job(
+        self,
+        session: Session,
+        job: Job,
+        now: datetime,
+        *,
+        market: str | None = None,
+        exclude_zones: Iterable[str] = (),
+    ) -> Replan:
+        """Plans for the job's remaining work, time and budget (from its latest checkpoint).
+
+        The budget is what the job may still spend: max_cost less its spend, and no more than
+        its reservation plus what its team has free. Zones in ``exclude_zones`` (recent
+        capacity errors, preemptions) are left out unless nothing else fits.
+        """
+        spec = JobSpec.model_validate(job.spec)
+        spent = job_spent(session, job.id)
+        team = session.get(Team, job.team_id)
+        assert team is not None
+        free = team_budget(session, team, now).available
+        budget = min(job.max_cost_micros - spent, job_reserved(session, job.id) + max(free, 0))
+        if budget <= 0:
+            return Replan([], "budget_exhausted", "no budget left for another attempt")
+        market = market or job.market
+        work_left = job.total_work - job.checkpointed_work
+        learnt = corrections(session)
+        plans = self.quote(
+            spec,
+            now,
+            learnt=learnt,
+            work_left=work_left,
+            budget_micros=budget,
+            market=market,
+            exclude_zones=exclude_zones,
+        )
+        if not plans.plans and exclude_zones:
+            plans = self.quote(
+                spec, now, learnt=learnt, work_left=work_left, budget_micros=budget, market=market
+            )
+        if plans.plans:
+            return Replan([ChosenPlan.from_plan(p) for p in plans.plans])
+        why = plans.infeasible_reason
+        if why is not None and why.reason == "over_budget":
+            return Replan([], "budget_exhausted", f"remaining budget too small: {why.message}")
+        return Replan([], "deadline_missed", why.message if why else "no plan fits")
+
+    def rate(self, session: Session, job: Job, gpu: str, count: int) -> float:
+        """The job's work per hour on ``count`` ``gpu``s, with the learnt corrections."""
+        spec = JobSpec.model_validate(job.spec)
+        workload = Workload.from_mapping(spec.workload.model_dump(exclude_none=True))
+        model = self._model(corrections(session))
+        return float(model.work_per_hour(workload, np.array([gpu]), np.array([count]))[0])
+
+    def restart_hours(self, job: Job) -> float:
+        """Start-up plus restoring the job's checkpoint."""
+        checkpoint = job.spec.get("checkpoint", {})
+        size = float(checkpoint.get("size_gb", 5.0))
+        return self.startup_hours + size * 10.0 / 3600.0
+
+
+@lru_cache
+def get_planning() -> Planning:
+    """The process-wide planning, from settings."""
+    return Planning.from_settings(get_settings())
+
+
+def quote_job(spec: JobSpec, now: datetime, session: Session | None = None) -> PlanSet:
+    """Ranked plans for ``spec`` at ``now``; Infeasible (422) when none fits, with why."""
+    if spec.deadline <= now:
+        raise InvalidInput(f"deadline {spec.deadline.isoformat()} is in the past", "deadline")
+    learnt = corrections(session) if session is not None else None
+    plans = get_planning().quote(spec, now, learnt=learnt)
+    if not plans.plans:
+        reason = plans.infeasible_reason
+        raise Infeasible(reason.message if reason else "no plan meets the deadline and max_cost")
+    return plans

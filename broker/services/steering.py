@@ -1,0 +1,202 @@
+"""Steering: whether a job should change market (spot, on-demand) or leave a zone now.
+
+This module gathers the live facts the policy needs (the job's deadline, work left and its
+speed with the learnt corrections, the attempt it runs, the spot history the broker's own
+attempts saw, the zones that refused or preempted spot lately) and asks
+``broker.core.policy.decide`` - the same policy the simulator measures. It only decides; the
+runner (``broker.services.runner``) carries a move out.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Literal
+
+from sqlmodel import Session, col, select
+
+from broker.core import policy
+from broker.db.models import Attempt, Job
+from broker.services.plans import job_plan
+from broker.services.quoting import Planning
+
+Steer = Literal["continue", "on_demand", "spot"]
+REFUSED_HOURS = 1.0  # a zone that refused or preempted spot this recently is taken as out of it
+
+
+def market_now(
+    planning: Planning, session: Session, job: Job, now: datetime, tick_hours: float
+) -> str | None:
+    """The market the policy wants for a job with nothing running (None: the plan's).
+
+    ``policy.decide`` with no instance: spot while it is safe; on-demand when the plan
+    says so, or once waiting any longer would put the deadline at risk. The simulated
+    broker may also wait for spot to come back; live, the broker sees spot only by
+    launching, so when every zone it knows has refused or preempted spot lately
+    (``refused_zones``) it starts on-demand rather than wait blind, and ``steer`` moves
+    the job back to spot once a refusal has aged out and the plan still wants spot.
+    """
+    if job.market != "auto":
+        return None
+    state = policy_state(planning, session, job, None, now, tick_hours)
+    if state is None:
+        return None
+    decision = policy.decide(state)
+    if decision.action == policy.Action.ON_DEMAND or not any(state.spot_obtainable):
+        return "on_demand"
+    return None
+
+
+def steer(
+    planning: Planning,
+    session: Session,
+    job: Job,
+    attempt: Attempt,
+    now: datetime,
+    tick_hours: float,
+) -> Steer:
+    """Keep a running attempt, or switch its market when the plan or the deadline says so.
+
+    ``policy.decide`` (the ``broker`` policy the simulator measures) may move a spot job
+    to on-demand. In the simulator progress is exactly as planned, so a spot job's slack
+    never shrinks while it runs. Live, a slower GPU than predicted, or work since the
+    last checkpoint that a preemption would lose, does shrink it, so a spot attempt whose
+    slack (from the latest checkpoint) no longer covers one restart plus a tick moves to
+    on-demand now, while it still can.
+
+    A move is only worth it when an on-demand plan can still meet the deadline (and fit
+    the budget) from the latest checkpoint. When none can but the running instance, with
+    the work it did since, can still finish in time, it is the job's only chance: keep it.
+
+    An on-demand attempt of an ``auto`` job moves back to spot when the policy says so
+    (``_back_to_spot``), as the simulated broker does once spot returns.
+    """
+    if attempt.market == "on_demand":
+        return _back_to_spot(planning, session, job, attempt, now, tick_hours)
+    if job.market == "spot":
+        return "continue"
+    state = policy_state(planning, session, job, attempt, now, tick_hours)
+    if state is None:
+        return "continue"
+    move = state.slack_hours - state.tick_hours < state.restart_hours
+    if not move:
+        move = policy.decide(state).action == policy.Action.ON_DEMAND
+    if not move:
+        return "continue"
+    if planning.plans_for_job(session, job, now, market="on_demand").choices:
+        return "on_demand"
+    work_per_hour = job.total_work / state.work_total_hours
+    finish_hours = max(job.total_work - job.work_done, 0.0) / work_per_hour
+    return "continue" if finish_hours <= state.hours_to_deadline else "on_demand"
+
+
+def _back_to_spot(
+    planning: Planning,
+    session: Session,
+    job: Job,
+    attempt: Attempt,
+    now: datetime,
+    tick_hours: float,
+) -> Steer:
+    """Spot when the policy would leave on-demand for spot in a zone that has not
+    refused or preempted spot lately, a spot plan fits what is left, and the move loses
+    at most a tick's work (the work since the latest checkpoint; else it waits for one).
+    """
+    if job.market != "auto":
+        return "continue"
+    state = policy_state(planning, session, job, attempt, now, tick_hours)
+    if state is None or policy.decide(state).action != policy.Action.SPOT:
+        return "continue"
+    work_per_hour = job.total_work / state.work_total_hours
+    if (job.work_done - job.checkpointed_work) / work_per_hour > tick_hours:
+        return "continue"
+    spot = planning.plans_for_job(
+        session, job, now, market="spot", exclude_zones=refused_zones(session, now)
+    )
+    return "spot" if spot.choices else "continue"
+
+
+def policy_state(
+    planning: Planning,
+    session: Session,
+    job: Job,
+    attempt: Attempt | None,
+    now: datetime,
+    tick_hours: float,
+) -> policy.PolicyState | None:
+    """What ``policy.decide`` sees of a job (and its running attempt, if any) at ``now``;
+    None when the job's speed is unknown (no plan yet, or a GPU the model cannot rate)."""
+    plan = job_plan(job)
+    gpu = attempt.gpu if attempt else (plan.gpu if plan else None)
+    count = attempt.gpu_count if attempt else (plan.gpu_count if plan else None)
+    if not gpu or not count:
+        return None
+    rate = planning.rate(session, job, gpu, int(count))
+    if rate <= 0:
+        return None
+    restart = planning.restart_hours(job)
+    restart_left = 0.0
+    instance = policy.Instance.NONE
+    if attempt is not None:
+        instance = policy.Instance.SPOT if attempt.market == "spot" else policy.Instance.ON_DEMAND
+        if attempt.work_done <= attempt.work_at_start and attempt.started_at is not None:
+            ran = (now - attempt.started_at).total_seconds() / 3600
+            restart_left = max(restart - ran, 0.0)
+    history = spot_history(session, now)
+    zones = tuple(z for z in history.zones) or (plan.zone if plan else "",)
+    refused = refused_zones(session, now)
+    running_spot = attempt.zone if attempt is not None and attempt.market == "spot" else None
+    return policy.PolicyState(
+        hours_to_deadline=(job.deadline - now).total_seconds() / 3600,
+        hours_total=(job.deadline - job.created_at).total_seconds() / 3600,
+        work_left_hours=(job.total_work - job.checkpointed_work) / rate,
+        work_total_hours=job.total_work / rate,
+        restart_hours=restart,
+        restart_left_hours=restart_left,
+        tick_hours=tick_hours,
+        instance=instance,
+        zone=running_spot,
+        zones=zones,
+        spot_obtainable=tuple(z == running_spot or z not in refused for z in zones),
+        history=history,
+    )
+
+
+def refused_zones(session: Session, now: datetime, job_id: str | None = None) -> set[str]:
+    """Zones that refused a launch (capacity) or preempted an instance within
+    ``REFUSED_HOURS``: any job's spot attempts, or with ``job_id`` that job's attempts."""
+    query = select(Attempt.zone).where(
+        col(Attempt.ended_at) >= now - timedelta(hours=REFUSED_HOURS),
+        col(Attempt.end_reason).in_(("capacity", "preempted")),
+    )
+    if job_id is None:
+        query = query.where(Attempt.market == "spot")
+    else:
+        query = query.where(Attempt.job_id == job_id)
+    return set(session.exec(query).all())
+
+
+def spot_history(
+    session: Session, now: datetime, days: float = policy.HISTORY_DAYS
+) -> policy.AvailabilityHistory:
+    """Spot availability per zone as the broker's own attempts saw it over the last days.
+
+    A spot attempt's running time counts as available; one preemption ends a window; a
+    capacity refusal counts as a short unavailable observation.
+    """
+    since = now - timedelta(days=days)
+    attempts = session.exec(
+        select(Attempt)
+        .where(Attempt.market == "spot", col(Attempt.created_at) >= since)
+        .order_by(col(Attempt.created_at))
+    ).all()
+    history = policy.AvailabilityHistory()
+    for attempt in attempts:
+        if attempt.end_reason == "capacity":
+            history = history.observe(attempt.zone, False, 0.1)
+        elif attempt.started_at is not None:
+            end = attempt.ended_at or now
+            hours = max((end - attempt.started_at).total_seconds() / 3600, 0.0)
+            history = history.observe(attempt.zone, True, hours)
+            if attempt.end_reason == "preempted":
+                history = history.observe(attempt.zone, False, 0.0)
+    return history

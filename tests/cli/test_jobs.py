@@ -1,0 +1,112 @@
+"""``broker jobs``: submit, list, show, cancel and watch, against a real uvicorn server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import httpx
+import pytest
+from sqlmodel import Session
+
+from broker.core.job_status import JobStatus
+from broker.db.models import Job
+from broker.services import lifecycle
+from broker.services.plans import job_plan
+from tests.cli.support import failed, job_file, ok, submitted_id
+from tests.conftest import START
+
+
+def test_submit_list_show_and_cancel(broker_cli, team_key, tmp_path, client):
+    _, token = team_key
+    spec = job_file(tmp_path, max_cost="80")  # a number: sent as the string "80"
+    out = ok(broker_cli("jobs", "submit", str(spec), token=token))
+    job_id = submitted_id(out)
+    assert "queued" in out and "reserved" in out
+    job = client.get(f"/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"}).json()
+    assert job["max_cost"] == "80.00"
+    assert job["deadline"].startswith((START + timedelta(hours=12)).strftime("%Y-%m-%dT%H:%M"))
+
+    again = ok(broker_cli("jobs", "submit", str(spec), "--idempotency-key", "k1", token=token))
+    same = ok(broker_cli("jobs", "submit", str(spec), "--idempotency-key", "k1", token=token))
+    assert f"job {submitted_id(again)} was already submitted" in same
+
+    listed = ok(broker_cli("jobs", "list", "--page-size", "1", token=token))  # a page per job
+    assert job_id in listed and submitted_id(again) in listed and "2 job(s)" in listed
+    assert "queued" in ok(broker_cli("jobs", "list", "--status", "queued", token=token))
+
+    shown = ok(broker_cli("jobs", "show", job_id, token=token))
+    assert job_id in shown and "queued" in shown and "checkpoints" in shown
+    assert "no attempts yet" in shown
+
+    cancelled = ok(broker_cli("jobs", "cancel", job_id, token=token))
+    assert "cancelled" in cancelled
+    out = failed(broker_cli("jobs", "cancel", job_id, token=token))
+    assert "conflict" in out and "HTTP 409" in out
+
+
+def test_retried_submit_with_a_relative_deadline_is_the_same_job(
+    broker_cli, team_key, tmp_path, clock
+):
+    _, token = team_key
+    spec = str(job_file(tmp_path, deadline="+12h"))
+    first = ok(broker_cli("jobs", "submit", spec, "--idempotency-key", "nightly", token=token))
+    clock.advance(900)  # the retry resolves +12h against a later broker clock
+    retry = ok(broker_cli("jobs", "submit", spec, "--idempotency-key", "nightly", token=token))
+    assert f"job {submitted_id(first)} was already submitted with this idempotency key" in retry
+    deadline = (START + timedelta(hours=12)).strftime("%Y-%m-%d %H:%M UTC")
+    assert deadline in first and deadline in retry
+
+
+@pytest.mark.timeout(30)  # a watch that never ends fails here, not at the suite's limit
+def test_show_and_watch_a_job_that_runs(
+    broker_cli, team_key, tmp_path, db_engine, clock, live_server, client
+):
+    _, token = team_key
+    job_id = submitted_id(ok(broker_cli("jobs", "submit", str(job_file(tmp_path)), token=token)))
+    plan = client.get(f"/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"}).json()[
+        "plan"
+    ]
+    # Play the worker's part: an attempt on the job's plan, reporting progress and a checkpoint.
+    with Session(db_engine, expire_on_commit=False) as session:
+        attempt, attempt_token = lifecycle.begin_attempt(
+            session, job_id, job_plan(session.get(Job, job_id)), clock.now()
+        )
+        lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now())
+    agent = {"Authorization": f"Bearer {attempt_token}"}
+    progress = f"{live_server}/v1/attempts/{attempt.id}/progress"
+    report = httpx.post(
+        progress, json={"work_done": 10000, "checkpoint_key": "ckpt/1"}, headers=agent
+    )
+    assert report.status_code == 200, report.text
+    clock.advance(3600)
+
+    shown = ok(broker_cli("jobs", "show", job_id, token=token))
+    assert attempt.id in shown and plan["instance_type"] in shown and "running" in shown
+    assert "checkpoints  1 (latest at 10,000: ckpt/1)" in shown
+
+    def finish_soon() -> None:
+        time.sleep(0.5)
+        httpx.post(progress, json={"work_done": 40000}, headers=agent)
+        with Session(db_engine, expire_on_commit=False) as session:
+            lifecycle.stop(session, job_id, JobStatus.SUCCEEDED, "work reached", clock.now())
+
+    worker = threading.Thread(target=finish_soon)
+    worker.start()
+    watched = ok(broker_cli("jobs", "watch", "--interval", "0.1", token=token))  # no ids
+    worker.join()
+    assert job_id in watched and "succeeded" in watched and "40,000 / 40,000" in watched
+    assert "all 1 finished: 1 succeeded" in watched
+
+
+@pytest.mark.timeout(30)
+def test_watch_ends_at_once_for_a_cancelled_job(broker_cli, team_key, tmp_path):
+    _, token = team_key
+    job_id = submitted_id(ok(broker_cli("jobs", "submit", str(job_file(tmp_path)), token=token)))
+    ok(broker_cli("jobs", "cancel", job_id, token=token))
+    started = time.monotonic()
+    out = ok(broker_cli("jobs", "watch", job_id, "--interval", "5", token=token))
+    assert time.monotonic() - started < 3
+    assert job_id in out and "cancelled" in out and "1 cancelled" in out
+    assert "no unfinished jobs" in ok(broker_cli("jobs", "watch", token=token))
