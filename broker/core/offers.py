@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
@@ -118,7 +119,7 @@ class OfferTable:
         return cls.from_columns(columns)
 
     @classmethod
-    def from_columns(cls, columns: dict[str, list]) -> OfferTable:
+    def from_columns(cls, columns: dict[str, list[Any]]) -> OfferTable:
         """Build a table from lists, converting each to its column dtype."""
         arrays = {name: np.asarray(columns[name], dtype=np.str_) for name in _STR_FIELDS}
         arrays |= {name: np.asarray(columns[name], dtype=np.int64) for name in _INT_FIELDS}

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from functools import lru_cache
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -49,6 +50,8 @@ PRIOR_HOURS = 24.0  # weight of the prior in availability estimates
 PRIOR_AVAILABILITY = 0.5
 PRIOR_WINDOW_HOURS = 2.0
 HISTORY_DAYS = 30.0  # the spot availability history the broker keeps (and plans on)
+
+_Hours = TypeVar("_Hours", float, np.ndarray)  # the estimates take floats or arrays alike
 
 
 class Instance(IntEnum):
@@ -120,12 +123,12 @@ class AvailabilityHistory:
         return window_estimate(seen.available_hours, seen.windows)
 
 
-def availability_estimate(available_hours: float, observed_hours: float) -> float:
+def availability_estimate(available_hours: _Hours, observed_hours: _Hours) -> _Hours:
     """Shrunk towards the prior when little has been seen (works on arrays too)."""
     return (available_hours + PRIOR_AVAILABILITY * PRIOR_HOURS) / (observed_hours + PRIOR_HOURS)
 
 
-def window_estimate(available_hours: float, windows: float) -> float:
+def window_estimate(available_hours: _Hours, windows: _Hours) -> _Hours:
     """Mean available-window length with one prior window (works on arrays too)."""
     return (available_hours + PRIOR_WINDOW_HOURS) / (windows + 1.0)
 
@@ -250,7 +253,8 @@ def spot_now(obtainable: np.ndarray, age_hours: np.ndarray) -> tuple[np.ndarray,
     Up: the oldest window among the zones that have one; down: the youngest outage (the time
     since any zone last had spot). Works on arrays.
     """
-    up = obtainable.any(axis=0)
+    # a numpy bool when ``obtainable`` is 1-D (the scalar policy): it acts as a 0-d array
+    up = cast(np.ndarray, obtainable.any(axis=0))
     up_age = np.where(obtainable, age_hours, 0.0).max(axis=0)
     down_age = np.where(obtainable, np.inf, age_hours).min(axis=0)
     return up, np.where(up, up_age, down_age)

@@ -12,7 +12,7 @@ that day, and every job starting that day plans on it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -76,9 +76,9 @@ def start_plans(
     day = max(1, round(REFIT_HOURS / tick_hours))
     days, rows = np.unique(offsets // day, return_inverse=True)
     # from a day's start to its last job's start: history must not wrap into any of its jobs
-    span = np.zeros(len(days), np.int64)
+    span: np.ndarray = np.zeros(len(days), np.int64)  # its items go in as ticks (ints)
     np.maximum.at(span, rows, offsets - (offsets // day) * day)
-    union = available.any(axis=0)
+    union = cast(np.ndarray, available.any(axis=0))  # (Z, T) -> (T,): always an array
     chains: dict[tuple[float, int], list[SpotChain]] = {}
     plans = []
     for ticks, job in runs:

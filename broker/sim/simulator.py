@@ -77,7 +77,7 @@ def simulate_runs(
 
     One result per run, in order. Batching the runs amortizes the per-tick numpy overhead,
     which dominates at a few hundred offsets. The ``broker`` policy's plans
-    (``sim_history.start_plans``, on ``fleet``'s history as the prior) are solved here unless
+    (``history.start_plans``, on ``fleet``'s history as the prior) are solved here unless
     given.
     """
     if (
