@@ -2,7 +2,7 @@
 
 The module graph is grimp's, the one import-linter checks: every import of the four packages,
 at module level or inside a function, and those under ``if TYPE_CHECKING:``. Both tools come
-with the ``dev`` extra; without it these tests skip, saying so.
+with the ``test`` extra; without it these tests skip, saying so.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-grimp = pytest.importorskip("grimp", reason="grimp comes with the dev extra: pip install -e .[dev]")
-pytest.importorskip("importlinter", reason="import-linter comes with the dev extra")
+grimp = pytest.importorskip("grimp", reason="grimp comes with the test extra: pip install -e .[test]")
+pytest.importorskip("importlinter", reason="import-linter comes with the test extra")
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("broker", "providers", "pricing", "tasks")
