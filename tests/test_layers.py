@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-grimp = pytest.importorskip("grimp", reason="grimp comes with the test extra: pip install -e .[test]")
+grimp = pytest.importorskip(
+    "grimp", reason="grimp comes with the test extra: pip install -e .[test]"
+)
 pytest.importorskip("importlinter", reason="import-linter comes with the test extra")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,10 +27,7 @@ Graph = Mapping[str, Iterable[str]]
 # Imports under ``if TYPE_CHECKING:`` that close a cycle, allowed only while they stay
 # type-only (they run no code, so they cannot make an import order fail). Each is a design
 # debt: delete its entry once the cycle is gone.
-TYPE_ONLY_CYCLE_IMPORTS = {
-    # calibrate() takes a Planning, and quoting reads calibration's corrections
-    ("broker.services.calibration", "broker.services.quoting"),
-}
+TYPE_ONLY_CYCLE_IMPORTS: set[tuple[str, str]] = set()
 
 
 def import_graph(*, type_checking: bool) -> dict[str, set[str]]:

@@ -1,14 +1,13 @@
 """Learning how fast GPUs really are: throughput corrections per (model, GPU type).
 
 An ended attempt's observed speed is folded into its (model, GPU) correction
-(``calibrate``); quotes, re-plans and steering read the corrections back (``corrections``)
-and run the throughput model with them.
+(``calibrate``); quotes, re-plans and steering read the corrections back
+(``quoting.corrections``) and run the throughput model with them.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import numpy as np
 from sqlmodel import Session, select
@@ -17,19 +16,11 @@ from broker.core.throughput import Workload, update_correction
 from broker.db.engine import begin_write, is_postgres
 from broker.db.models import Attempt, Job, ThroughputCorrection
 from broker.services.job_spec import JobSpec
-
-if TYPE_CHECKING:
-    from broker.services.quoting import Planning
+from broker.services.quoting import Planning
 
 log = logging.getLogger(__name__)
 
 MIN_CALIBRATION_HOURS = 0.25  # attempts shorter than this (after restart) teach nothing
-
-
-def corrections(session: Session) -> dict[tuple[str, str], float]:
-    """Learnt throughput corrections per (model, GPU type)."""
-    rows = session.exec(select(ThroughputCorrection)).all()
-    return {(row.model, row.gpu): row.factor for row in rows}
 
 
 def calibrate(planning: Planning, session: Session, attempt_id: str) -> float | None:

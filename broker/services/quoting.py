@@ -15,7 +15,7 @@ from datetime import datetime
 from functools import lru_cache
 
 import numpy as np
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from broker.bundled import bundled_throughput_model
 from broker.core.errors import Infeasible, InvalidInput
@@ -23,8 +23,7 @@ from broker.core.money import to_micros
 from broker.core.offers import OfferTable
 from broker.core.planner import PlanRequest, PlanSet, rank_plans, resource_mask
 from broker.core.throughput import ThroughputModel, Workload
-from broker.db.models import Job, Team
-from broker.services.calibration import corrections
+from broker.db.models import Job, Team, ThroughputCorrection
 from broker.services.job_spec import JobSpec
 from broker.services.ledger import job_reserved, job_spent, team_budget
 from broker.services.plans import ChosenPlan, Replan
@@ -42,6 +41,12 @@ def launchable(
         (offers.provider == "gcp") & np.isin(offers.zone, list(gcp_zones))
     )
     return offers.take(np.flatnonzero(mask))
+
+
+def corrections(session: Session) -> dict[tuple[str, str], float]:
+    """Learnt throughput corrections per (model, GPU type)."""
+    rows = session.exec(select(ThroughputCorrection)).all()
+    return {(row.model, row.gpu): row.factor for row in rows}
 
 
 def plan_request(spec: JobSpec, now: datetime, total_work: float, top_n: int = 20) -> PlanRequest:
