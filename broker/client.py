@@ -298,13 +298,14 @@ class BrokerClient:
     def _json(self, method: str, path: str, **options: Any) -> Any:
         return _decode(self.request(method, path, **options))
 
-    def health(self) -> dict[str, str]:
-        """``GET /healthz``: ``status`` ok when the database answers; ``time``, the broker's
-        clock (scaled in demos)."""
-        return cast(dict[str, str], self._json("GET", "/healthz"))
+    def health(self) -> dict[str, Any]:
+        """``GET /healthz``: ``status`` ok, or degraded when workers or beat fell silent (see
+        docs/api.md); ``time``, the broker's clock (scaled in demos)."""
+        return cast(dict[str, Any], self._json("GET", "/healthz"))
 
     def metrics(self) -> str:
-        """``GET /metrics``: Prometheus' text format."""
+        """``GET /metrics``: Prometheus' text format (each team's money with the admin or
+        metrics token only)."""
         return self.request("GET", "/metrics").text
 
     def create_team(

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
+import tempfile
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -21,7 +25,17 @@ class Settings(BaseSettings):
     )
     admin_token: SecretStr | None = None
     agent_secret: SecretStr | None = Field(
-        default=None, description="Key that per-attempt agent tokens derive from."
+        default=None,
+        description="Key that per-attempt agent tokens derive from; default: one generated "
+        "once and kept in data_dir/agent_secret (set it when workers run on several machines).",
+    )
+    progress_speed_margin: float = Field(
+        default=3.0,
+        ge=1,
+        description="An agent may report up to this times the predicted speed of its GPUs.",
+    )
+    progress_skew_seconds: float = Field(
+        default=120.0, ge=0, description="Clock skew allowed to agents' reports (broker s)."
     )
 
     # Celery
@@ -35,6 +49,20 @@ class Settings(BaseSettings):
     tick_seconds: float = Field(default=5.0, gt=0, description="Beat interval of tick (wall s).")
     reconcile_seconds: float = Field(default=30.0, gt=0)
     refresh_prices_seconds: float = Field(default=3600.0, gt=0)
+
+    # Spend control (broker/services/spend_control.py)
+    lease_seconds: float = Field(
+        default=600.0, gt=0, description="Spend granted ahead of a running attempt (broker s)."
+    )
+    lease_ticks: float = Field(
+        default=6.0, ge=3, description="... and at least this many ticks of spend ahead."
+    )
+    max_live_attempts_per_team: int = Field(
+        default=32, gt=0, description="Live attempts a team may have; more jobs wait queued."
+    )
+    max_live_attempts: int = Field(
+        default=1000, gt=0, description="Live attempts in the whole broker; more jobs wait."
+    )
 
     # Time
     clock_scale: float = Field(default=1.0, gt=0, description="Simulated seconds per wall second.")
@@ -62,6 +90,24 @@ class Settings(BaseSettings):
     api_url: str = "http://127.0.0.1:8000"
     api_token: SecretStr | None = None
     max_body_bytes: int = Field(default=64 * 1024, gt=0)
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="Wall seconds a client has to send a request's headers."
+    )
+    body_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="Wall seconds a client has to send a request's body."
+    )
+    metrics_token: SecretStr | None = Field(
+        default=None, description="Bearer token for /metrics' per-team figures (or the admin's)."
+    )
+    session_secret: SecretStr | None = Field(
+        default=None, description="Key that signs dashboard sessions; default: from admin_token."
+    )
+    session_seconds: float = Field(
+        default=12 * 3600.0, gt=0, description="Wall seconds a dashboard login lasts."
+    )
+    trust_forwarded_proto: bool = Field(
+        default=False, description="Believe X-Forwarded-Proto (behind a TLS-ending proxy)."
+    )
     log_format: str = Field(default="text", pattern="^(text|json)$")
     log_level: str = Field(
         default="INFO",
@@ -73,6 +119,14 @@ class Settings(BaseSettings):
     metrics_dir: Path | None = Field(
         default=None,
         description="prometheus_client's per-process files; default: data_dir/metrics.",
+    )
+
+    # Liveness (GET /healthz)
+    heartbeat_seconds: float = Field(
+        default=10.0, gt=0, description="Beat's heartbeat and the API's probe interval (wall s)."
+    )
+    liveness_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="Silence after which a worker or beat counts as dead."
     )
 
     # Test-only fault point: the name of a lifecycle step at which the worker exits.
@@ -91,6 +145,11 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'broker.db').resolve()}"
+
+    @property
+    def celery_control_queue(self) -> str:
+        """The queue of the beat's tasks (tick, reconcile, price refresh)."""
+        return self.celery_queue + ".control"
 
     @property
     def resolved_metrics_dir(self) -> Path:
@@ -116,13 +175,56 @@ class Settings(BaseSettings):
         queue = (self.data_dir / "celery" / "queue").resolve()
         control = (self.data_dir / "celery" / "control").resolve()
         for folder in (queue, control):
-            folder.mkdir(parents=True, exist_ok=True)
+            private_dir(folder)
         return {
             "data_folder_in": str(queue),
             "data_folder_out": str(queue),
             "control_folder": str(control),
             "polling_interval": 0.1,
         }
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` and its missing parents as owner-only (0700) folders; returns ``path``.
+
+    Folders that exist already keep their mode (the data folder may be one the user chose).
+    """
+    missing = []
+    folder = Path(path).absolute()
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:  # another process made it meanwhile
+            continue
+        folder.chmod(0o700)  # mkdir's mode went through the umask: make it exactly 0700
+    return path
+
+
+AGENT_SECRET_FILE = "agent_secret"
+"""The agent secret's file in data_dir, when BROKER_AGENT_SECRET is not set."""
+
+
+def kept_secret(path: Path) -> str:
+    """The random secret kept at ``path``: generated on first use (0600, in a 0700 folder),
+    then read back, so restarts keep it. Concurrent first uses agree on one secret."""
+    path = Path(path)
+    if not path.exists():
+        private_dir(path.parent)
+        fd, draft = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_urlsafe(32))
+            with contextlib.suppress(FileExistsError):  # another process's secret stands
+                os.link(draft, path)  # appears whole, never half-written
+        finally:
+            os.unlink(draft)
+    secret = path.read_text().strip()
+    if not secret:
+        raise RuntimeError(f"{path} is empty: remove it to have a new secret generated")
+    return secret
 
 
 @lru_cache

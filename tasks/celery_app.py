@@ -7,9 +7,10 @@ import os
 from typing import Any
 
 from celery import Celery, signals
+from kombu import Queue
 
 from broker.logs import configure_logging
-from broker.settings import Settings, get_settings
+from broker.settings import Settings, get_settings, private_dir
 
 
 def use_metrics_dir(settings: Settings) -> None:
@@ -20,7 +21,7 @@ def use_metrics_dir(settings: Settings) -> None:
     processes inherit it. The API reads the folder on ``GET /metrics``.
     """
     folder = settings.resolved_metrics_dir
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
 
 
@@ -39,10 +40,18 @@ def _forget_process(pid: int | None = None, **_: Any) -> None:
     multiprocess.mark_process_dead(pid or os.getpid(), str(get_settings().resolved_metrics_dir))
 
 
+CONTROL_TASKS = (
+    "tasks.control_loop.tick",
+    "tasks.control_loop.reconcile",
+    "tasks.control_loop.refresh_prices",
+)
+
+
 def make_celery() -> Celery:
     """A Celery app configured from the broker's settings."""
     settings = get_settings()
-    celery = Celery("broker", include=["tasks.control_loop"])
+    control = settings.celery_control_queue
+    celery = Celery("broker", include=["tasks.control_loop", "tasks.liveness"])
     celery.conf.update(
         broker_url=settings.resolved_celery_broker_url,
         broker_transport=settings.celery_transport,
@@ -50,6 +59,10 @@ def make_celery() -> Celery:
         result_backend=settings.celery_result_backend,
         task_ignore_result=settings.celery_result_backend is None,
         task_default_queue=settings.celery_queue,
+        # The beat's own tasks go through a queue of their own that every worker also
+        # consumes, so a backlog of observations cannot hold up the spend-lease sweep.
+        task_queues=[Queue(settings.celery_queue), Queue(control)],
+        task_routes={name: {"queue": control} for name in CONTROL_TASKS},
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -67,6 +80,11 @@ def make_celery() -> Celery:
             "refresh-prices": {
                 "task": "tasks.control_loop.refresh_prices",
                 "schedule": settings.refresh_prices_seconds,
+            },
+            "heartbeat": {  # GET /healthz: beat is alive if this reached a worker lately
+                "task": "tasks.liveness.heartbeat",
+                "schedule": settings.heartbeat_seconds,
+                "options": {"queue": control, "expires": 2 * settings.heartbeat_seconds},
             },
         },
     )

@@ -43,9 +43,11 @@ def observe(attempt_id: str) -> None:
 
 @app.task
 def tick() -> dict[str, int]:
-    """Beat: fan out an observe per live attempt and a launch per waiting job."""
+    """Beat: renew (or stop) the spend leases about to end, then fan out an observe per live
+    attempt and a launch per waiting job."""
     with TICK_SECONDS.labels("tick").time():
         runner = get_runner()
+        renewed = runner.sweep_leases()
         due = runner.due()
         # A tick's fan-out is stale a few ticks later: drop what no worker took by then, so a
         # slow worker does not work through a backlog of duplicates.
@@ -54,7 +56,7 @@ def tick() -> dict[str, int]:
             observe.apply_async((attempt_id,), expires=expires)
         for job_id in due.launch:
             launch.apply_async((job_id,), expires=expires)
-    return {"observe": len(due.observe), "launch": len(due.launch)}
+    return {"leases": renewed, "observe": len(due.observe), "launch": len(due.launch)}
 
 
 @app.task

@@ -1,4 +1,4 @@
-"""The FastAPI application: routers, error mapping, body size limit."""
+"""The FastAPI application: routers, error mapping, body size and time limits."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from fastapi import FastAPI
 
 from broker.api import ui
 from broker.api.errors import install_error_handlers
-from broker.api.limits import BodySizeLimit
+from broker.api.limits import BodyLimits
 from broker.api.routes import attempts, budget, health, jobs, metrics, quotes, teams
+from broker.api.ui_security import DashboardHeaders
 from broker.settings import get_settings
 
 
@@ -23,7 +24,13 @@ def create_app() -> FastAPI:
     app.include_router(ui.router)
     app.mount(f"{ui.BASE}/static", ui.static, name="ui-static")
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=get_settings().max_body_bytes)
+    app.add_middleware(DashboardHeaders, base=ui.BASE, static=f"{ui.BASE}/static")
+    settings = get_settings()
+    app.add_middleware(
+        BodyLimits,
+        max_bytes=settings.max_body_bytes,
+        timeout_seconds=settings.body_timeout_seconds,
+    )
     return app
 
 

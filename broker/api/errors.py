@@ -21,9 +21,11 @@ from broker.core.errors import (
     Infeasible,
     InvalidInput,
     NotFound,
+    Unauthorized,
 )
 
 STATUS_OF: dict[type[BrokerError], int] = {
+    Unauthorized: 401,
     NotFound: 404,
     Conflict: 409,
     BudgetExceeded: 402,

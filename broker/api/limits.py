@@ -1,20 +1,29 @@
-"""An ASGI middleware that refuses request bodies over a size limit with 413."""
+"""An ASGI middleware that bounds request bodies: over a size limit is 413, slower than a time
+limit is 408, both before the app (or its auth) sees the request."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import anyio
+
 Scope = dict[str, Any]
 Message = dict[str, Any]
 
 
-class BodySizeLimit:
-    """Reject bodies larger than ``max_bytes`` before the app reads them."""
+class _TooLarge(Exception):
+    pass
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+
+class BodyLimits:
+    """Read a request's whole body first, within ``max_bytes`` and ``timeout_seconds`` (counted
+    from the end of the head); then hand the app the body as if it came from the client."""
+
+    def __init__(self, app: Any, max_bytes: int, timeout_seconds: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_seconds = timeout_seconds
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -22,27 +31,24 @@ class BodySizeLimit:
             return
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
-        if length is not None:
-            if not length.isdigit() or int(length) > self.max_bytes:
-                await self._refuse(send)
-                return
-            await self.app(scope, receive, send)
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            await self._refuse(send, 413, "too_large", f"request body over {self.max_bytes} bytes")
             return
-        # No length given (chunked): read the body here, up to the limit, then replay it.
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_bytes:
-                await self._refuse(send)
-                return
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
+        if length in (None, b"0") and b"transfer-encoding" not in headers:
+            await self.app(scope, receive, send)  # no body to wait for
+            return
+        try:
+            with anyio.fail_after(self.timeout_seconds):
+                body = await self._read(receive)
+        except _TooLarge:
+            await self._refuse(send, 413, "too_large", f"request body over {self.max_bytes} bytes")
+            return
+        except TimeoutError:
+            message = f"request body not received within {self.timeout_seconds:g} s"
+            await self._refuse(send, 408, "timeout", message)
+            return
+        if body is None:
+            return  # the client went away: nobody to answer
         replayed = False
 
         async def replay() -> Message:
@@ -54,23 +60,28 @@ class BodySizeLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Any) -> None:
-        payload = json.dumps(
-            {
-                "detail": {
-                    "code": "too_large",
-                    "message": f"request body over {self.max_bytes} bytes",
-                }
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                ],
-            }
-        )
+    async def _read(self, receive: Any) -> bytes | None:
+        """The whole body; None when the client disconnects first."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                raise _TooLarge
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def _refuse(self, send: Any, status: int, code: str, message: str) -> None:
+        payload = json.dumps({"detail": {"code": code, "message": message}}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+        ]
+        if status == 408:  # the rest of the body may still trickle in: stop reading it
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})

@@ -1,8 +1,9 @@
 """The dashboard at ``/ui``: server-rendered pages (Jinja2) with Chart.js charts.
 
-Logging in with a team key shows that team; the admin token shows every team. The token is
-kept in an HttpOnly, SameSite=Strict cookie scoped to ``/ui`` and checked on every page
-exactly as the API checks a bearer token (a revoked key stops working at once).
+Logging in with a team key shows that team; the admin token shows every team. The browser
+keeps a signed session (never the token) in an HttpOnly, SameSite=Strict cookie scoped to
+``/ui``, checked on every page against the key it names (a revoked key stops working at once);
+``ui_security`` holds the session, origin and header rules.
 """
 
 from __future__ import annotations
@@ -17,16 +18,16 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from broker.api import ui_security
 from broker.api.deps import NowDep, SessionDep
 from broker.core.job_status import is_terminal
 from broker.db.models import Team
 from broker.services import dashboard
 from broker.services.plans import ChosenPlan, job_plan
-from broker.services.teams import Principal, authenticate
-from broker.settings import get_settings
+from broker.services.teams import Principal
 
 BASE = "/ui"
-COOKIE = "broker_ui"
+COOKIE = ui_security.COOKIE
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 static = StaticFiles(directory=str(HERE / "static"))
@@ -34,11 +35,8 @@ router = APIRouter(prefix=BASE, include_in_schema=False)
 REFRESH_SECONDS = 5
 
 
-def _principal(session: Any, token: str | None) -> Principal | None:
-    if not token:
-        return None
-    admin = get_settings().admin_token
-    return authenticate(session, token, admin.get_secret_value() if admin else None)
+def _principal(session: Any, cookie: str | None) -> Principal | None:
+    return ui_security.principal_of(session, cookie)
 
 
 def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
@@ -71,7 +69,11 @@ def _when(moment: datetime | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M") if moment else "–"
 
 
-TokenCookie = Annotated[str | None, Cookie(alias=COOKIE)]
+TokenCookie = Annotated[str | None, Cookie(alias=COOKIE)]  # the signed session, not a token
+
+
+def _cross_site() -> HTMLResponse:
+    return HTMLResponse("<h1>Cross-site request refused</h1>", status_code=403)
 
 
 @router.get("/login", response_class=HTMLResponse)
@@ -83,15 +85,20 @@ def login_page(request: Request) -> HTMLResponse:
 def login(
     request: Request, session: SessionDep, token: Annotated[str, Form(max_length=200)]
 ) -> Response:
-    if _principal(session, token.strip()) is None:
+    if not ui_security.same_origin(request):
+        return _cross_site()
+    cookie = ui_security.sign_in(session, token.strip())
+    if cookie is None:
         return _page(request, "login.html", error="unknown or revoked token")
     response = RedirectResponse(f"{BASE}/", status_code=303)
-    response.set_cookie(COOKIE, token.strip(), httponly=True, samesite="strict", path=BASE)
+    ui_security.set_session(response, request, cookie, BASE)
     return response
 
 
 @router.post("/logout")
-def logout() -> Response:
+def logout(request: Request) -> Response:
+    if not ui_security.same_origin(request):
+        return _cross_site()
     response = _to_login()
     response.delete_cookie(COOKIE, path=BASE)
     return response

@@ -46,6 +46,7 @@ def serve(
         database_url=settings.database_url,
         celery_broker_url=settings.celery_broker_url,
         admin_token=token,
+        agent_secret=settings.agent_secret.get_secret_value() if settings.agent_secret else None,
         api_port=port,
         epoch=scaled_epoch(settings, scale),
         tick_seconds=max(min(settings.tick_seconds, 3600 / scale), 1.0),

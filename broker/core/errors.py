@@ -21,6 +21,12 @@ class Conflict(BrokerError):
     code = "conflict"
 
 
+class Unauthorized(BrokerError):
+    """A credential that was once good but is no longer (an expired attempt token)."""
+
+    code = "unauthorized"
+
+
 class BudgetExceeded(BrokerError):
     code = "budget_exceeded"
 

@@ -11,6 +11,8 @@ the change depends on and the change, and ends with ``session.commit()``, or wit
 
 from __future__ import annotations
 
+import contextlib
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -18,17 +20,18 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session, create_engine
 
-from broker.settings import get_settings
+from broker.settings import get_settings, private_dir
 
 
 def make_engine(url: str) -> Engine:
-    """An engine for ``url``; SQLite gets WAL, foreign keys and BEGIN IMMEDIATE transactions."""
+    """An engine for ``url``; SQLite gets WAL, foreign keys, BEGIN IMMEDIATE transactions and an
+    owner-only file (0600, in a 0700 folder when it makes one)."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
     if parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        _private_file(Path(parsed.database))
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
     @event.listens_for(engine, "connect")
@@ -52,6 +55,14 @@ def make_engine(url: str) -> Engine:
             connection.exec_driver_sql("BEGIN")
 
     return engine
+
+
+def _private_file(path: Path) -> None:
+    """Create the SQLite file 0600 before SQLite does (it would use the umask, often 0644);
+    SQLite gives its -wal and -shm files the database file's mode."""
+    private_dir(path.parent)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 @lru_cache

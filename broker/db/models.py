@@ -119,6 +119,9 @@ class Attempt(SQLModel, table=True):
     end_reason: str | None = Field(default=None, max_length=20)
     billed_seconds: float = 0.0
     cost_micros: int = _micros()
+    # Spend is granted up to here (broker clock): booking stops at it, the beat's lease sweep
+    # renews it within the job's money, and an attempt whose lease lapses is stopped.
+    lease_until: datetime | None = _ts(nullable=True, index=True)
     created_at: datetime = _ts()
 
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from broker.db.engine import create_schema, get_engine
-from broker.settings import Settings, get_settings
+from broker.settings import Settings, get_settings, private_dir
 
 
 def ensure_admin_token(settings: Settings) -> tuple[str, bool]:
@@ -21,7 +21,7 @@ def ensure_admin_token(settings: Settings) -> tuple[str, bool]:
     path = Path(settings.data_dir) / "admin_token"
     if path.exists():
         return path.read_text().strip(), False
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     token = "adm_" + secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
@@ -38,16 +38,16 @@ def scaled_epoch(settings: Settings, scale: float) -> datetime | None:
     path = Path(settings.data_dir) / "clock_epoch"
     if path.exists():
         return datetime.fromisoformat(path.read_text().strip())
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     epoch = datetime.now(UTC)
     path.write_text(epoch.isoformat())
     return epoch
 
 
 def prepare() -> tuple[str, bool]:
-    """Create the data folder and schema, and make the admin token visible to this process."""
+    """Create the data folder (0700) and schema; make the admin token visible to this process."""
     settings = get_settings()
-    Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    private_dir(Path(settings.data_dir))
     token, generated = ensure_admin_token(settings)
     os.environ["BROKER_ADMIN_TOKEN"] = token
     get_settings.cache_clear()

@@ -5,6 +5,11 @@ worker (with beat inside it) run as subprocesses, as in production; the local cl
 market replay and the simulated training agents run in this process. Every process reads
 the same ``BROKER_*`` environment, so they share the database, the Celery transport and the
 scaled clock's epoch.
+
+A supervisor thread starts a worker again when it exits unexpectedly (with a growing pause
+if it keeps dying). No child outlives the stack: each gets SIGTERM when the stack's process
+dies (``die_with_parent``), a worker's pool and its embedded beat when the worker dies
+(billiard, ``tasks.liveness``).
 """
 
 from __future__ import annotations
@@ -13,73 +18,27 @@ import contextlib
 import logging
 import os
 import secrets
-import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from broker import clock
 from broker.clock import ScaledClock
-from broker.settings import get_settings
+from broker.devstack.processes import (
+    api_argv,
+    die_with_parent,
+    free_port,
+    kill_group,
+    wait_until_healthy,
+)
+from broker.settings import AGENT_SECRET_FILE, get_settings, kept_secret, private_dir
 
 log = logging.getLogger(__name__)
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the parent dies, so no worker outlives its stack."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL a child and everything in its process group (a worker's pool processes)."""
-    import signal
-
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=10)
-
-
-def wait_until_healthy(
-    url: str,
-    processes: Mapping[str, subprocess.Popen],
-    where: Callable[[str], str],
-    timeout: float = 60.0,
-) -> None:
-    """Poll ``url``/healthz until it answers 200; raise if one of ``processes`` exits first.
-
-    ``where(name)`` tells the error where to look (a log path, or the log itself).
-    """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for name, process in processes.items():
-            if process.poll() is not None:
-                raise RuntimeError(f"{name} exited with {process.returncode}; {where(name)}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    logs = "; ".join(where(name) for name in processes)
-    raise RuntimeError(f"{url} did not answer /healthz; {logs}")
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class EmbeddedStack:
@@ -103,8 +62,10 @@ class EmbeddedStack:
         extra_env: Mapping[str, str] | None = None,
         log_level: str = "warning",
         admin_token: str | None = None,
+        agent_secret: str | None = None,
         api_port: int | None = None,
         epoch: datetime | None = None,
+        supervise: bool = True,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.scale = scale
@@ -121,6 +82,9 @@ class EmbeddedStack:
         self.extra_env = dict(extra_env or {})
         self.log_level = log_level
         self.admin_token = admin_token or "adm_" + secrets.token_urlsafe(24)
+        # None: the one kept in the data folder, so a restarted stack accepts the tokens of
+        # attempts launched before (and derives them again for a retried launch).
+        self.agent_secret = agent_secret
         self.api_port = api_port or free_port()
         self.epoch = epoch
         self.api_url = f"http://127.0.0.1:{self.api_port}"
@@ -129,6 +93,13 @@ class EmbeddedStack:
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._saved_env: dict[str, str | None] = {}
         self.env: dict[str, str] = {}
+        self.supervise = supervise
+        self.restarts: dict[str, int] = {}  # worker name -> times the supervisor restarted it
+        self._lock = threading.RLock()  # the supervisor and restart_worker change _processes
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self._started_at: dict[str, float] = {}
+        self._pause: dict[str, float] = {}
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -136,7 +107,8 @@ class EmbeddedStack:
         """Bring everything up; returns once the API answers."""
         from providers.local.stack import LocalCloud
 
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)
+        self._stopping.clear()
         epoch = self.epoch or datetime.now(UTC)
         scaled = ScaledClock(self.scale, epoch)
         clock.set_clock(scaled)
@@ -153,7 +125,8 @@ class EmbeddedStack:
                 "BROKER_DATA_DIR": str(self.data_dir),
                 "BROKER_DATABASE_URL": self.database_url,
                 "BROKER_ADMIN_TOKEN": self.admin_token,
-                "BROKER_AGENT_SECRET": secrets.token_urlsafe(24),
+                "BROKER_AGENT_SECRET": self.agent_secret
+                or kept_secret(self.data_dir / AGENT_SECRET_FILE),
                 "BROKER_CLOCK_SCALE": str(self.scale),
                 "BROKER_CLOCK_EPOCH": epoch.isoformat(),
                 "BROKER_TICK_SECONDS": str(self.tick_seconds),
@@ -173,6 +146,11 @@ class EmbeddedStack:
             self._wait_for_api()
             self.cloud.faults.rate = self.fault_rate
             self._start_training()
+            if self.supervise:
+                self._supervisor = threading.Thread(
+                    target=self._supervise, name="stack-supervisor", daemon=True
+                )
+                self._supervisor.start()
         except BaseException:
             self.stop()
             raise
@@ -180,6 +158,10 @@ class EmbeddedStack:
 
     def stop(self) -> None:
         """Stop training, the worker and the API, then the clouds; restore the environment."""
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=30)
+            self._supervisor = None
         if self.training is not None:
             self.training.stop()
             self.training = None
@@ -190,7 +172,7 @@ class EmbeddedStack:
             process.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=15)
-            _kill_group(process)  # stragglers too
+            kill_group(process)  # stragglers too
         if self.cloud is not None:
             self.cloud.stop()
             self.cloud = None
@@ -231,6 +213,7 @@ class EmbeddedStack:
         return open(self.data_dir / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
 
     def _spawn(self, name: str, argv: list[str]) -> None:
+        self._started_at[name] = time.monotonic()
         with self._log(name) as output:
             self._processes[name] = subprocess.Popen(
                 argv,
@@ -238,26 +221,12 @@ class EmbeddedStack:
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 cwd=str(Path(__file__).resolve().parents[2]),
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads touch it before exec)
+                preexec_fn=die_with_parent,  # noqa: PLW1509 (no threads touch it before exec)
                 start_new_session=True,  # its own process group: pool children go with it
             )
 
     def _spawn_api(self) -> None:
-        self._spawn(
-            "api",
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "broker.api:app",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.api_port),
-                "--log-level",
-                self.log_level,
-            ],
-        )
+        self._spawn("api", api_argv(self.api_port, self.log_level))
 
     def _spawn_worker(self, number: int = 1) -> None:
         """Worker 1 also runs beat; more workers (``workers=``) only consume."""
@@ -327,11 +296,46 @@ class EmbeddedStack:
 
     def restart_worker(self, **env: str) -> None:
         """Kill the worker (as a crash would) and start a new one, with ``env`` changed."""
-        process = self._processes.pop("worker", None)
-        if process is not None:
-            _kill_group(process)
-        self.env.update(env)
-        self._spawn_worker()
+        with self._lock:
+            process = self._processes.pop("worker", None)
+            if process is not None:
+                kill_group(process)
+            self.env.update(env)
+            self._spawn_worker()
+
+    def _supervise(self) -> None:
+        """Every half second: start again each worker that exited while the stack runs."""
+        while not self._stopping.wait(0.5):
+            try:
+                with self._lock:
+                    for name, process in list(self._processes.items()):
+                        if name.startswith("worker") and process.poll() is not None:
+                            self._revive(name, process)
+            except Exception:  # the supervisor must outlive any one failure
+                log.exception("the stack's supervisor failed to restart a worker")
+
+    def _revive(self, name: str, process: subprocess.Popen[bytes]) -> None:
+        ran = time.monotonic() - self._started_at.get(name, 0.0)
+        pause = 1.0 if ran > 60 else min(2 * self._pause.get(name, 0.5), 30.0)
+        if ran < pause:
+            return  # crashing over and over: wait a little longer each time
+        self._pause[name] = pause
+        log.warning(
+            "%s exited with %s; starting it again (see %s)",
+            name,
+            process.returncode,
+            self.data_dir / f"{name}.log",
+            extra={"worker": name, "exit_code": process.returncode},
+        )
+        kill_group(process)  # its pool processes, if any are left
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        number = 1 if name == "worker" else int(name.rsplit("-", 1)[1])
+        self._spawn_worker(number)
+
+    def child_pids(self) -> dict[str, int]:
+        """The process id of each child: ``api``, ``worker`` (and ``worker-2``...)."""
+        with self._lock:
+            return {name: process.pid for name, process in self._processes.items()}
 
     def worker_exit_code(self) -> int | None:
         """The worker's exit code once it has exited (None while it runs)."""

@@ -15,7 +15,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from broker.db.models import Attempt, Checkpoint, Job, LedgerEntry, Team
-from broker.services.ledger import SPEND, BudgetFigures, team_budget
+from broker.services.ledger import SPENT_KINDS, BudgetFigures, team_budget
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def jobs(session: Session, teams: list[Team], limit: int = 200) -> list[JobRow]:
     spent = dict(
         session.exec(
             select(LedgerEntry.job_id, func.sum(LedgerEntry.amount_micros))
-            .where(col(LedgerEntry.team_id).in_(ids), LedgerEntry.kind == SPEND)
+            .where(col(LedgerEntry.team_id).in_(ids), col(LedgerEntry.kind).in_(SPENT_KINDS))
             .group_by(LedgerEntry.job_id)
         ).all()
     )
@@ -96,7 +96,7 @@ def spend_series(
             LedgerEntry.team_id, LedgerEntry.created_at, LedgerEntry.amount_micros, Attempt.provider
         )
         .join(Attempt, Attempt.id == LedgerEntry.attempt_id, isouter=True)
-        .where(col(LedgerEntry.team_id).in_(list(names)), LedgerEntry.kind == SPEND)
+        .where(col(LedgerEntry.team_id).in_(list(names)), col(LedgerEntry.kind).in_(SPENT_KINDS))
         .order_by(col(LedgerEntry.created_at))
     ).all()
     series = SpendSeries()
@@ -151,7 +151,7 @@ def job_history(
     curve: list[tuple[float, int]] = [(0.0, 0)]
     for at, amount in session.exec(
         select(LedgerEntry.created_at, LedgerEntry.amount_micros)
-        .where(LedgerEntry.job_id == job_id, LedgerEntry.kind == SPEND)
+        .where(LedgerEntry.job_id == job_id, col(LedgerEntry.kind).in_(SPENT_KINDS))
         .order_by(col(LedgerEntry.created_at))
     ).all():
         running += int(amount)

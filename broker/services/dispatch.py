@@ -9,18 +9,22 @@ from functools import lru_cache
 from celery import Celery
 
 from broker.services.lifecycle import ToTerminate
-from broker.settings import get_settings
+from broker.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
 
-@lru_cache
-def _client() -> Celery:
-    settings = get_settings()
+def celery_client(settings: Settings) -> Celery:
+    """A Celery app that only talks to the workers (sends tasks, asks them), never runs tasks."""
     client = Celery("broker-client", broker=settings.resolved_celery_broker_url)
     client.conf.broker_transport = settings.celery_transport
     client.conf.broker_transport_options = settings.celery_transport_options()
     return client
+
+
+@lru_cache
+def _client() -> Celery:
+    return celery_client(get_settings())
 
 
 def _queue() -> str:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from sqlalchemy import case, func
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from broker.core.errors import BudgetExceeded, InvalidInput, NotFound
 from broker.core.money import format_usd
@@ -20,6 +20,10 @@ from broker.db.engine import begin_write, is_postgres
 from broker.db.models import Attempt, Job, LedgerEntry, Team
 
 RESERVE, RELEASE, SPEND = "reserve", "release", "spend"
+# Spend past an attempt's lease: real money the broker did not grant (an instance that ran
+# on after its lease lapsed); counted as spend everywhere, and alerted on.
+OVERRUN = "overrun"
+SPENT_KINDS = (SPEND, OVERRUN)
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ def _signed_reserved() -> object:
 def team_budget(session: Session, team: Team, now: datetime) -> BudgetFigures:
     """Limit, period spend and outstanding reservations of ``team`` at ``now`` (one query)."""
     start = period_start(team.budget_period, now)
-    in_period = LedgerEntry.kind == SPEND
+    in_period = col(LedgerEntry.kind).in_(SPENT_KINDS)
     if start is not None:
         in_period = in_period & (LedgerEntry.created_at >= start)
     spent = func.coalesce(func.sum(case((in_period, LedgerEntry.amount_micros), else_=0)), 0)
@@ -109,7 +113,7 @@ def job_reserved(session: Session, job_id: str) -> int:
 def job_spent(session: Session, job_id: str) -> int:
     """Everything booked as spend for a job."""
     query = select(func.coalesce(func.sum(LedgerEntry.amount_micros), 0)).where(
-        LedgerEntry.job_id == job_id, LedgerEntry.kind == SPEND
+        LedgerEntry.job_id == job_id, col(LedgerEntry.kind).in_(SPENT_KINDS)
     )
     return int(session.exec(query).one())
 
@@ -150,12 +154,18 @@ def release(session: Session, job: Job, now: datetime, amount: int | None = None
 
 
 def book_spend(
-    session: Session, job: Job, attempt: Attempt | None, amount: int, now: datetime
+    session: Session,
+    job: Job,
+    attempt: Attempt | None,
+    amount: int,
+    now: datetime,
+    kind: str = SPEND,
 ) -> None:
-    """Book ``amount`` as spent; the same amount stops being reserved (up to what is held)."""
+    """Book ``amount`` as spent (``kind`` SPEND, or OVERRUN past a lease); the same amount
+    stops being reserved (up to what is held)."""
     if amount <= 0:
         return
-    session.add(_entry(job.team_id, job.id, attempt.id if attempt else None, SPEND, amount, now))
+    session.add(_entry(job.team_id, job.id, attempt.id if attempt else None, kind, amount, now))
     session.flush()
     release(session, job, now, amount)
 
@@ -179,7 +189,7 @@ def spend_report(
     else:
         key = Attempt.provider
     query = select(key, func.sum(LedgerEntry.amount_micros)).where(
-        LedgerEntry.team_id == team_id, LedgerEntry.kind == SPEND
+        LedgerEntry.team_id == team_id, col(LedgerEntry.kind).in_(SPENT_KINDS)
     )
     if group_by == "provider":
         query = query.join(Attempt, Attempt.id == LedgerEntry.attempt_id, isouter=True)

@@ -19,14 +19,14 @@ from datetime import datetime
 
 from sqlmodel import Session, col, select
 
-from broker.core.errors import BudgetExceeded, Conflict, NotFound
+from broker.core.errors import BudgetExceeded, NotFound
 from broker.core.job_status import JobStatus, check_transition, is_terminal
 from broker.core.money import cost_micros
 from broker.db.engine import begin_write, is_postgres
 from broker.db.ids import new_id
-from broker.db.models import Attempt, Checkpoint, Job
+from broker.db.models import Attempt, Job
 from broker.faults import fault_point
-from broker.services.billing import bill, warn_on_alert
+from broker.services.billing import bill, renew_lease, warn_on_alert
 from broker.services.ledger import job_reserved, job_spent, lock_team, release, reserve
 from broker.services.plans import ChosenPlan
 from broker.services.teams import hash_token
@@ -69,6 +69,13 @@ def live_attempts(session: Session, job_id: str) -> list[Attempt]:
             )
         ).all()
     )
+
+
+def work_complete(job: Job) -> bool:
+    """Whether a job's work is done: a checkpoint holds all of it. Reported work alone never
+    is (an agent's word). Every success decision asks here; the workloads issue adds the
+    training program's exit code 0 to this condition."""
+    return job.checkpointed_work >= job.total_work
 
 
 def _end_attempt(
@@ -196,10 +203,16 @@ def begin_attempt(
 
 
 def launch_succeeded(
-    session: Session, attempt_id: str, instance_id: str, now: datetime
+    session: Session,
+    attempt_id: str,
+    instance_id: str,
+    now: datetime,
+    *,
+    lease_seconds: float,
 ) -> list[ToTerminate]:
-    """The cloud has the instance: attempt running from now, job running."""
-    attempt = _locked_attempt(session, attempt_id)
+    """The cloud has the instance: attempt running from now on its first spend lease (up to
+    ``lease_seconds``, within the job's money), job running."""
+    attempt = locked_attempt(session, attempt_id)
     job = session.get(Job, attempt.job_id)
     assert job is not None
     if attempt.status == RUNNING and attempt.instance_id == instance_id:
@@ -220,6 +233,7 @@ def launch_succeeded(
     attempt.instance_id = instance_id
     attempt.status = RUNNING
     attempt.started_at = now
+    renew_lease(session, job, attempt, now, lease_seconds)
     _move(job, JobStatus.RUNNING, now)
     session.add_all([attempt, job])
     session.commit()
@@ -232,7 +246,7 @@ def launch_failed(session: Session, attempt_id: str, reason: str, now: datetime)
     Returns how many launches of this job failed in a row; after MAX_LAUNCH_FAILURES the job
     fails.
     """
-    attempt = _locked_attempt(session, attempt_id)
+    attempt = locked_attempt(session, attempt_id)
     job = session.get(Job, attempt.job_id)
     assert job is not None
     if attempt.status == LAUNCHING:
@@ -257,7 +271,7 @@ def _consecutive_failures(session: Session, job_id: str) -> int:
     return count
 
 
-def _locked_attempt(session: Session, attempt_id: str) -> Attempt:
+def locked_attempt(session: Session, attempt_id: str) -> Attempt:
     attempt = session.get(Attempt, attempt_id)
     if attempt is None:
         raise NotFound(f"attempt {attempt_id} not found")
@@ -268,7 +282,7 @@ def _locked_attempt(session: Session, attempt_id: str) -> Attempt:
 
 def preempted(session: Session, attempt_id: str, now: datetime) -> None:
     """The cloud took the instance back: end the attempt, fall back to the latest checkpoint."""
-    attempt = _locked_attempt(session, attempt_id)
+    attempt = locked_attempt(session, attempt_id)
     job = session.get(Job, attempt.job_id)
     assert job is not None
     if attempt.status == ENDED:
@@ -277,7 +291,7 @@ def preempted(session: Session, attempt_id: str, now: datetime) -> None:
     _end_attempt(session, job, attempt, "preempted", now)
     if is_terminal(job.status):
         pass
-    elif job.checkpointed_work >= job.total_work:
+    elif work_complete(job):
         # The final checkpoint was saved before the cloud took the instance: done.
         _finish(session, job, JobStatus.SUCCEEDED, now, "work reached (checkpointed)")
     else:
@@ -289,7 +303,7 @@ def preempted(session: Session, attempt_id: str, now: datetime) -> None:
 
 def migrate(session: Session, attempt_id: str, reason: str, now: datetime) -> list[ToTerminate]:
     """Leave a running attempt on purpose (e.g. spot -> on-demand): job back to provisioning."""
-    attempt = _locked_attempt(session, attempt_id)
+    attempt = locked_attempt(session, attempt_id)
     job = session.get(Job, attempt.job_id)
     assert job is not None
     if attempt.status != RUNNING or is_terminal(job.status):
@@ -304,25 +318,51 @@ def migrate(session: Session, attempt_id: str, reason: str, now: datetime) -> li
 
 
 def accrue(
-    session: Session, attempt_id: str, now: datetime, lookahead_seconds: float
+    session: Session,
+    attempt_id: str,
+    now: datetime,
+    lookahead_seconds: float,
+    *,
+    lease_seconds: float,
 ) -> list[ToTerminate]:
-    """Book a running attempt's spend to ``now``; stop the job before it would overspend.
+    """Book a running attempt's spend to ``now`` and renew its lease; stop what may not run on.
 
-    The job stops as budget_exhausted when its spend, plus what the attempt costs over the
-    next ``lookahead_seconds``, would pass the job's max_cost.
+    A lease that lapsed before this call (the loop fell behind) ends the attempt: spend is
+    booked to the lease's end, the rest as an overrun, and the job relaunches from its latest
+    checkpoint. Otherwise the lease is renewed up to ``lease_seconds`` within the job's money;
+    when that money does not cover the next ``lookahead_seconds``, the job stops as
+    budget_exhausted.
     """
-    attempt = _locked_attempt(session, attempt_id)
+    attempt = locked_attempt(session, attempt_id)
     job = session.get(Job, attempt.job_id)
     assert job is not None
     if attempt.status != RUNNING or is_terminal(job.status):
         session.rollback()
         return []
+    if attempt.lease_until is not None and now > attempt.lease_until:
+        lapsed = attempt.lease_until.isoformat()
+        ended = _end_attempt(session, job, attempt, "lease", now)
+        session.flush()
+        left = job.max_cost_micros - job_spent(session, job.id)
+        stopped: list[ToTerminate] = []
+        if work_complete(job):
+            stopped = _finish(session, job, JobStatus.SUCCEEDED, now, "work reached (checkpointed)")
+        elif left < cost_micros(attempt.price_micros_per_hour, lookahead_seconds):
+            reason = f"max_cost reached: its spend lease ended at {lapsed}"
+            stopped = _finish(session, job, JobStatus.BUDGET_EXHAUSTED, now, reason)
+        else:
+            _move(job, JobStatus.PREEMPTED, now, f"spend lease lapsed at {lapsed}: stopped")
+            job.work_done = job.checkpointed_work
+            session.add(job)
+        session.commit()
+        return [t for t in [ended, *stopped] if t is not None]
     booked = bill(session, job, attempt, now)
     session.flush()
     if booked:
         warn_on_alert(session, job, booked, now)
-    next_cost = cost_micros(attempt.price_micros_per_hour, lookahead_seconds)
-    if job_spent(session, job.id) + next_cost > job.max_cost_micros:
+    if renew_lease(session, job, attempt, now, max(lease_seconds, lookahead_seconds)) < (
+        lookahead_seconds
+    ):
         ended = _finish(
             session,
             job,
@@ -334,51 +374,3 @@ def accrue(
         return ended
     session.commit()
     return []
-
-
-def record_progress(
-    session: Session,
-    attempt_id: str,
-    token: str,
-    work_done: float,
-    checkpoint_key: str | None,
-    now: datetime,
-) -> Job:
-    """A training instance reports work done (and maybe a saved checkpoint) for its attempt."""
-    import hmac
-
-    attempt = _locked_attempt(session, attempt_id)
-    if not hmac.compare_digest(attempt.token_hash, hash_token(token)):
-        raise NotFound(f"attempt {attempt_id} not found")
-    job = session.get(Job, attempt.job_id)
-    assert job is not None
-    if attempt.status == ENDED or is_terminal(job.status):
-        raise Conflict(f"attempt {attempt_id} has ended")
-    work = min(max(work_done, attempt.work_done), job.total_work)
-    attempt.work_done = work
-    job.work_done = max(job.work_done, work)
-    if checkpoint_key:
-        session.add(
-            Checkpoint(
-                id=new_id("ckpt"),
-                job_id=job.id,
-                attempt_id=attempt.id,
-                work_done=work,
-                object_key=checkpoint_key,
-                created_at=now,
-            )
-        )
-        job.checkpointed_work = max(job.checkpointed_work, work)
-    job.updated_at = now
-    session.add_all([attempt, job])
-    session.commit()
-    return job
-
-
-def latest_checkpoint(session: Session, job_id: str) -> Checkpoint | None:
-    """The checkpoint holding the most work for a job."""
-    return session.exec(
-        select(Checkpoint)
-        .where(Checkpoint.job_id == job_id)
-        .order_by(col(Checkpoint.work_done).desc(), col(Checkpoint.id).desc())
-    ).first()

@@ -10,8 +10,10 @@ Two kinds, both rendered by ``GET /metrics`` (``render``):
   and capacity refusals, counted at scrape time with a few aggregate queries, so they are right
   whichever process did the work and survive restarts.
 
-Only aggregate numbers are exposed: no tokens, no job specs. Money stays integer micro-dollars
-until here, where it becomes float USD.
+Only aggregate numbers are exposed: no tokens, no job specs. Team names and money
+(``broker_team_*``) only when the caller may see them (``render(..., teams=True)``; the API asks
+for the admin or metrics token). Money stays integer micro-dollars until here, where it becomes
+float USD.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import case, func, or_
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from broker.core.job_status import JobStatus
 from broker.core.money import from_micros
 from broker.db.models import Attempt, Job, LedgerEntry, Team
-from broker.services.ledger import RELEASE, RESERVE, SPEND, period_start
+from broker.services.ledger import RELEASE, RESERVE, SPENT_KINDS, period_start
 
 TICK_SECONDS = Histogram(
     "broker_tick_seconds",
@@ -53,13 +55,15 @@ def _usd(micros: int) -> float:
 class DatabaseCollector(Collector):
     """Figures counted from the database when Prometheus scrapes (three aggregate queries)."""
 
-    def __init__(self, session: Session, now: datetime) -> None:
+    def __init__(self, session: Session, now: datetime, *, teams: bool = False) -> None:
         self.session = session
         self.now = now
+        self.teams = teams
 
     def collect(self) -> Iterator[Metric]:
         yield self._jobs()
-        yield from self._team_money()
+        if self.teams:
+            yield from self._team_money()
         yield from self._attempts()
 
     def _jobs(self) -> Metric:
@@ -75,7 +79,7 @@ class DatabaseCollector(Collector):
         # As ledger.team_budget, for every team at once: spend of the current period
         # ("month" teams) or of all time ("total" teams), and what is still reserved.
         month_start = period_start("month", self.now)
-        in_period = (LedgerEntry.kind == SPEND) & or_(
+        in_period = col(LedgerEntry.kind).in_(SPENT_KINDS) & or_(
             Team.budget_period == "total", LedgerEntry.created_at >= month_start
         )
         spent = func.coalesce(func.sum(case((in_period, LedgerEntry.amount_micros), else_=0)), 0)
@@ -156,11 +160,11 @@ def _per_zone(name: str, documentation: str, counts: dict[tuple[str, str], int])
     return family
 
 
-def render(session: Session, now: datetime, metrics_dir: Path) -> bytes:
+def render(session: Session, now: datetime, metrics_dir: Path, *, teams: bool = False) -> bytes:
     """The Prometheus text exposition of every process's files in ``metrics_dir`` and of the
-    database figures at ``now``."""
+    database figures at ``now``; the per-team money (team names) only with ``teams``."""
     metrics_dir.mkdir(parents=True, exist_ok=True)
     registry = CollectorRegistry(auto_describe=False)
     MultiProcessCollector(registry, path=str(metrics_dir))
-    registry.register(DatabaseCollector(session, now))
+    registry.register(DatabaseCollector(session, now, teams=teams))
     return generate_latest(registry)

@@ -9,8 +9,6 @@ hands ended attempts to ``calibration``.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,22 +23,20 @@ from broker.core.job_status import JobStatus, is_terminal
 from broker.db.engine import open_session
 from broker.db.models import Attempt, Job
 from broker.faults import fault_point
-from broker.services import lifecycle
+from broker.services import agent_reports, lifecycle
 from broker.services.calibration import calibrate
+from broker.services.launch_request import agent_token, launch_request
 from broker.services.lifecycle import LAUNCHING, RUNNING, ToTerminate
 from broker.services.metrics import PROVIDER_ERRORS
 from broker.services.plans import ChosenPlan, job_plan
 from broker.services.quoting import Planning
 from broker.services.reconcile import ReconcileReport, reconcile
+from broker.services.spend_control import SpendControls, leases_due, live_counts, may_launch
 from broker.services.steering import market_now, refused_zones, steer
 from providers.base import (
-    TAG_ATTEMPT,
-    TAG_JOB,
-    TAG_TEAM,
     CapacityError,
     InstanceNotFound,
     InstanceRef,
-    LaunchRequest,
     Provider,
     ProviderError,
     QuotaError,
@@ -61,13 +57,6 @@ WAITING = (
     JobStatus.PROVISIONING.value,
     JobStatus.RUNNING.value,
 )
-
-
-def agent_token(secret: str, attempt_id: str) -> str:
-    """The per-attempt token an instance reports with: derived, so a retried launch can
-    hand the same one to the instance its idempotent launch returns."""
-    digest = hmac.new(secret.encode(), attempt_id.encode(), hashlib.sha256).hexdigest()
-    return f"att_{digest[:40]}"
 
 
 @dataclass
@@ -91,6 +80,7 @@ class Runner:
         api_url: str,
         tick_seconds: float,
         checkpoint_bucket: str = "broker-checkpoints",
+        controls: SpendControls | None = None,
     ) -> None:
         self.engine = engine
         self.providers = dict(providers)
@@ -99,6 +89,7 @@ class Runner:
         self.api_url = api_url
         self.tick_seconds = tick_seconds
         self.checkpoint_bucket = checkpoint_bucket
+        self.controls = controls or SpendControls()
 
     def _session(self) -> Session:
         return open_session(self.engine)
@@ -119,7 +110,7 @@ class Runner:
                     return self._launch_attempt(session, job, attempt)
                 return None
             now = clock.now()
-            if job.checkpointed_work >= job.total_work:
+            if lifecycle.work_complete(job):
                 self._terminate(
                     lifecycle.stop(
                         session, job_id, JobStatus.SUCCEEDED, "work reached (checkpointed)", now
@@ -149,6 +140,8 @@ class Runner:
                     )
                 )
                 return None
+            if not may_launch(self.controls, live_counts(session), job.team_id):
+                return None  # the job waits (queued or preempted) for a free slot
             tried: set[tuple[str, str, str]] = set()
             for choice in self._first_plan(session, job) + replan.choices[:3]:
                 offer = (choice.zone, choice.instance_type, choice.market)
@@ -161,7 +154,9 @@ class Runner:
                         job_id,
                         choice,
                         now,
-                        token_for=lambda attempt_id: agent_token(self.agent_secret, attempt_id),
+                        token_for=lambda attempt_id: agent_token(
+                            self.agent_secret, attempt_id, job.deadline
+                        ),
                         reserve_up_to=choice.worst_case_cost_micros,
                     )
                 except BudgetExceeded as error:
@@ -188,39 +183,24 @@ class Runner:
         return [plan]
 
     @property
+    def lease_seconds(self) -> float:
+        """The spend lease an attempt is granted at each renewal (broker seconds)."""
+        return self.controls.lease(self.tick_seconds * clock.scale())
+
+    @property
     def tick_hours(self) -> float:
         """Broker-clock hours between two ticks."""
         return self.tick_seconds * clock.scale() / 3600
 
     def _launch_attempt(self, session: Session, job: Job, attempt: Attempt) -> str | None:
         provider = self.providers[attempt.provider]
-        checkpoint = lifecycle.latest_checkpoint(session, job.id)
-        resume = {
-            "api_url": self.api_url,
-            "attempt_id": attempt.id,
-            "token": agent_token(self.agent_secret, attempt.id),
-            "job_id": job.id,
-            "workload": job.spec["workload"],
-            "gpu": attempt.gpu,
-            "gpu_count": attempt.gpu_count,
-            "start_work": attempt.work_at_start,
-            "total_work": job.total_work,
-            "checkpoint_interval_seconds": job.spec["checkpoint"]["interval_minutes"] * 60,
-            "checkpoint_bucket": self.checkpoint_bucket,
-            "checkpoint_prefix": f"jobs/{job.id}",
-            "latest_checkpoint": checkpoint.object_key if checkpoint else None,
-        }
-        request = LaunchRequest(
-            token=attempt.id,
-            provider=attempt.provider,
-            region=attempt.region,
-            zone=attempt.zone,
-            instance_type=attempt.instance_type,
-            market="spot" if attempt.market == "spot" else "on_demand",
-            gpu=attempt.gpu,
-            gpu_count=attempt.gpu_count,
-            tags={TAG_JOB: job.id, TAG_ATTEMPT: attempt.id, TAG_TEAM: job.team_id},
-            user_data=resume,
+        request = launch_request(
+            job,
+            attempt,
+            agent_reports.latest_checkpoint(session, job.id),
+            api_url=self.api_url,
+            agent_secret=self.agent_secret,
+            checkpoint_bucket=self.checkpoint_bucket,
         )
         try:
             ref = provider.launch(request)
@@ -244,7 +224,9 @@ class Runner:
             return None
         fault_point("after_launch")
         self._terminate(
-            lifecycle.launch_succeeded(session, attempt.id, ref.instance_id, clock.now())
+            lifecycle.launch_succeeded(
+                session, attempt.id, ref.instance_id, clock.now(), lease_seconds=self.lease_seconds
+            )
         )
         log.info(
             "attempt running",
@@ -259,22 +241,39 @@ class Runner:
 
     # -- watching -------------------------------------------------------------------------
 
+    def sweep_leases(self) -> int:
+        """Renew, or stop, every running attempt whose spend lease ends within the renewal
+        window, nearest first (``spend_control``); returns how many were due."""
+        tick = self.tick_seconds * clock.scale()
+        with self._session() as session:
+            due = leases_due(session, clock.now(), self.controls.renew_ticks * tick)
+            for attempt_id in due:
+                stopped = lifecycle.accrue(
+                    session, attempt_id, clock.now(), 2 * tick, lease_seconds=self.lease_seconds
+                )
+                self._terminate(stopped)
+        return len(due)
+
     def due(self) -> TickReport:
-        """The attempts to observe and the jobs to launch at this tick."""
+        """The attempts to observe (nearest their lease's end first) and the jobs to launch
+        at this tick (oldest first, within the live-attempt limits)."""
         report = TickReport()
         with self._session() as session:
-            report.observe = list(
-                session.exec(
-                    select(Attempt.id).where(col(Attempt.status).in_((LAUNCHING, RUNNING)))
-                ).all()
-            )
-            busy = set(
-                session.exec(
-                    select(Attempt.job_id).where(col(Attempt.status).in_((LAUNCHING, RUNNING)))
-                ).all()
-            )
-            waiting = session.exec(select(Job.id).where(col(Job.status).in_(WAITING))).all()
-            report.launch = [job_id for job_id in waiting if job_id not in busy]
+            live = session.exec(
+                select(Attempt.id, Attempt.job_id)
+                .where(col(Attempt.status).in_((LAUNCHING, RUNNING)))
+                .order_by(col(Attempt.lease_until).asc().nulls_first(), col(Attempt.id))
+            ).all()
+            report.observe = [attempt_id for attempt_id, _ in live]
+            busy = {job_id for _, job_id in live}
+            counts = live_counts(session)
+            waiting = session.exec(
+                select(Job.id, Job.team_id).where(col(Job.status).in_(WAITING)).order_by(Job.id)
+            ).all()
+            for job_id, team_id in waiting:
+                if job_id not in busy and may_launch(self.controls, counts, team_id):
+                    report.launch.append(job_id)
+                    counts[team_id] = counts.get(team_id, 0) + 1
         return report
 
     def observe(self, attempt_id: str) -> None:
@@ -311,15 +310,19 @@ class Runner:
                 )
                 return
             lookahead = 2 * self.tick_seconds * clock.scale()
-            stopped = lifecycle.accrue(session, attempt_id, now, lookahead)
+            stopped = lifecycle.accrue(
+                session, attempt_id, now, lookahead, lease_seconds=self.lease_seconds
+            )
             if stopped:
                 self._terminate(stopped)
                 return
             session.refresh(job)
-            if job.work_done >= job.total_work:
+            if lifecycle.work_complete(job):  # a checkpoint holds it all, not a report's word
                 fault_point("before_settle")
                 self._terminate(
-                    lifecycle.stop(session, job.id, JobStatus.SUCCEEDED, "work reached", now)
+                    lifecycle.stop(
+                        session, job.id, JobStatus.SUCCEEDED, "work reached (checkpointed)", now
+                    )
                 )
                 calibrate(self.planning, session, attempt_id)
             elif now >= job.deadline:

@@ -50,6 +50,20 @@ def authenticate(session: Session, token: str, admin_token: str | None) -> Princ
     return Principal(team_id=key.team_id)
 
 
+def live_key_for_token(session: Session, token: str) -> ApiKey | None:
+    """The unrevoked key whose token is ``token``, or None (the dashboard signs its id in)."""
+    if not token.startswith(KEY_PREFIX):
+        return None
+    key = session.exec(select(ApiKey).where(ApiKey.token_hash == hash_token(token))).first()
+    return key if key is not None and key.revoked_at is None else None
+
+
+def live_key(session: Session, key_id: str) -> ApiKey | None:
+    """The key ``key_id`` unless it is unknown or revoked (checked on every dashboard page)."""
+    key = session.get(ApiKey, key_id)
+    return key if key is not None and key.revoked_at is None else None
+
+
 def create_team(
     session: Session, name: str, limit: int, period: str, alert_at: float, now: datetime
 ) -> Team:

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 from broker.db.engine import get_engine
 from broker.services.quoting import get_planning
 from broker.services.runner import Runner
-from broker.settings import Settings, get_settings
+from broker.services.spend_control import SpendControls
+from broker.settings import AGENT_SECRET_FILE, Settings, get_settings, kept_secret
 from providers.registry import build_providers
 
 
 def agent_secret(settings: Settings) -> str:
-    """The secret attempt tokens derive from: its own setting, else the admin token."""
-    secret = settings.agent_secret or settings.admin_token
-    if secret is None:
-        raise RuntimeError("set BROKER_AGENT_SECRET or BROKER_ADMIN_TOKEN")
-    return secret.get_secret_value()
+    """The secret attempt tokens derive from: BROKER_AGENT_SECRET, else one generated once and
+    kept in the data folder, so a restart derives the same tokens for the same attempts."""
+    if settings.agent_secret is not None:
+        return settings.agent_secret.get_secret_value()
+    return kept_secret(Path(settings.data_dir) / AGENT_SECRET_FILE)
 
 
 @lru_cache
@@ -31,4 +33,10 @@ def get_runner() -> Runner:
         api_url=settings.api_url,
         tick_seconds=settings.tick_seconds,
         checkpoint_bucket=settings.checkpoint_bucket,
+        controls=SpendControls(
+            lease_seconds=settings.lease_seconds,
+            lease_ticks=settings.lease_ticks,
+            max_live_per_team=settings.max_live_attempts_per_team,
+            max_live_total=settings.max_live_attempts,
+        ),
     )

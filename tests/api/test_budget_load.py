@@ -31,7 +31,7 @@ from sqlmodel import Session, col, select
 
 from broker.core.money import to_micros
 from broker.db.models import Job, LedgerEntry, Team
-from broker.devstack.stack import free_port, wait_until_healthy
+from broker.devstack.processes import free_port, wait_until_healthy
 from broker.services.ledger import team_budget
 from tests.helpers import job_spec
 

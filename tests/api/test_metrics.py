@@ -20,7 +20,7 @@ from sqlmodel import Session
 from broker.logs import configure_logging
 from broker.services import lifecycle
 from broker.settings import Settings, get_settings
-from tests.helpers import SPOT_PLAN, chosen, job_spec
+from tests.helpers import LEASE, SPOT_PLAN, chosen, job_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,8 +40,13 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def scrape(client) -> tuple[Samples, str]:  # type: ignore[no-untyped-def]
-    """GET /metrics without credentials; its samples by (name, labels), and the raw text."""
-    response = client.get("/metrics")
+    """GET /metrics with the admin token (so each team's money is in); its samples by (name,
+    labels), and the raw text. tests/api/test_metrics_auth.py: what it shows without one."""
+    admin = get_settings().admin_token
+    assert admin is not None
+    response = client.get(
+        "/metrics", headers={"Authorization": f"Bearer {admin.get_secret_value()}"}
+    )
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/plain")
     samples: Samples = {}
@@ -65,7 +70,9 @@ def run_attempt(session, job_id, plan, price_micros, clock):  # type: ignore[no-
     attempt, token = lifecycle.begin_attempt(
         session, job_id, chosen(plan, price_micros), clock.now()
     )
-    lifecycle.launch_succeeded(session, attempt.id, f"i-{attempt.id[-8:]}", clock.now())
+    lifecycle.launch_succeeded(
+        session, attempt.id, f"i-{attempt.id[-8:]}", clock.now(), lease_seconds=LEASE
+    )
     return attempt, token
 
 
@@ -106,9 +113,11 @@ def test_metrics_count_jobs_money_and_attempts_from_the_database(
         gcp, token = run_attempt(session, job_c["id"], GCP_SPOT, 1_000_000, clock)
         tokens.append(token)
         clock.advance(1800)
-        lifecycle.accrue(session, gcp.id, clock.now(), lookahead_seconds=60)
+        lifecycle.accrue(session, gcp.id, clock.now(), lookahead_seconds=60, lease_seconds=LEASE)
         clock.advance(1800)
-        lifecycle.accrue(session, on_demand.id, clock.now(), lookahead_seconds=60)
+        lifecycle.accrue(
+            session, on_demand.id, clock.now(), lookahead_seconds=60, lease_seconds=LEASE
+        )
 
     samples, text = scrape(client)
 
@@ -155,7 +164,9 @@ def test_team_spend_follows_the_budget_period(client, make_team, clock, db_engin
         attempts = [run_attempt(session, job["id"], SPOT_PLAN, 1_000_000, clock)[0] for job in jobs]
         clock.advance(3600)
         for attempt in attempts:
-            lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)
+            lifecycle.accrue(
+                session, attempt.id, clock.now(), lookahead_seconds=60, lease_seconds=LEASE
+            )
     clock.advance(timedelta(days=31).total_seconds())  # into January
 
     samples, _ = scrape(client)

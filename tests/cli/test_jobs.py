@@ -16,6 +16,7 @@ from broker.services import lifecycle
 from broker.services.plans import job_plan
 from tests.cli.support import failed, job_file, ok, submitted_id
 from tests.conftest import START
+from tests.helpers import LEASE
 
 
 def test_submit_list_show_and_cancel(broker_cli, team_key, tmp_path, client):
@@ -73,21 +74,22 @@ def test_show_and_watch_a_job_that_runs(
         attempt, attempt_token = lifecycle.begin_attempt(
             session, job_id, job_plan(session.get(Job, job_id)), clock.now()
         )
-        lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now())
+        lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now(), lease_seconds=LEASE)
     agent = {"Authorization": f"Bearer {attempt_token}"}
     progress = f"{live_server}/v1/attempts/{attempt.id}/progress"
-    report = httpx.post(
-        progress, json={"work_done": 10000, "checkpoint_key": "ckpt/1"}, headers=agent
-    )
+    clock.advance(2 * 3600)  # the broker believes 10,000 steps only after the GPU ran a while
+    key = f"jobs/{job_id}/ckpt-1"
+    report = httpx.post(progress, json={"work_done": 10000, "checkpoint_key": key}, headers=agent)
     assert report.status_code == 200, report.text
     clock.advance(3600)
 
     shown = ok(broker_cli("jobs", "show", job_id, token=token))
     assert attempt.id in shown and plan["instance_type"] in shown and "running" in shown
-    assert "checkpoints  1 (latest at 10,000: ckpt/1)" in shown
+    assert f"checkpoints  1 (latest at 10,000: {key})" in shown
 
     def finish_soon() -> None:
         time.sleep(0.5)
+        clock.advance(3 * 3600)
         httpx.post(progress, json={"work_done": 40000}, headers=agent)
         with Session(db_engine, expire_on_commit=False) as session:
             lifecycle.stop(session, job_id, JobStatus.SUCCEEDED, "work reached", clock.now())

@@ -11,6 +11,7 @@ from broker.db.models import Job
 from broker.services import lifecycle
 from broker.services.plans import job_plan
 from tests.cli.support import job_file, ok, submitted_id
+from tests.helpers import LEASE
 
 
 def test_spend_of_an_hour_on_the_plan_by_provider_job_and_time(
@@ -24,7 +25,7 @@ def test_spend_of_an_hour_on_the_plan_by_provider_job_and_time(
         attempt, _ = lifecycle.begin_attempt(
             session, job_id, job_plan(session.get(Job, job_id)), clock.now()
         )
-        lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now())
+        lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now(), lease_seconds=LEASE)
     clock.advance(3600)
     with Session(db_engine, expire_on_commit=False) as session:
         lifecycle.stop(session, job_id, JobStatus.SUCCEEDED, "work reached", clock.now())

@@ -54,8 +54,8 @@ def _where(lines: list[str], tokens: dict[str, str]) -> list[str]:
 
 
 def test_tokens_never_appear_in_logs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from broker.db.models import Attempt
-    from broker.services.runner import agent_token
+    from broker.db.models import Attempt, Job
+    from broker.services.launch_request import agent_token
 
     caplog.set_level(logging.DEBUG)
     with backend_stack(tmp_path / "stack", celery="filesystem", log_level="info") as (stack, _):
@@ -76,7 +76,10 @@ def test_tokens_never_appear_in_logs(tmp_path: Path, caplog: pytest.LogCaptureFi
         from broker.db.engine import get_engine
 
         with Session(get_engine()) as session:
-            attempt_ids = session.exec(select(Attempt.id)).all()
+            deadlines = dict(
+                session.exec(select(Attempt.id, Job.deadline).where(Attempt.job_id == Job.id)).all()
+            )
+        attempt_ids = list(deadlines)
         agent_secret = stack.env["BROKER_AGENT_SECRET"]
         admin_token = stack.admin_token
         api.close()
@@ -87,7 +90,7 @@ def test_tokens_never_appear_in_logs(tmp_path: Path, caplog: pytest.LogCaptureFi
         "admin token": admin_token,
         "team key": api.key,
         "agent secret": agent_secret,
-        **{f"agent token of {a}": agent_token(agent_secret, a) for a in attempt_ids},
+        **{f"agent token of {a}": agent_token(agent_secret, a, d) for a, d in deadlines.items()},
     }
     failures: list[str] = []
     for name in ("api", "worker"):

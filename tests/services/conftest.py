@@ -13,7 +13,7 @@ from broker.db.models import Attempt, Job
 from broker.services import admission, lifecycle
 from broker.services.job_spec import JobSpec
 from broker.services.teams import create_team
-from tests.helpers import SPOT_PLAN, SPOT_PRICE, chosen, job_spec
+from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen, job_spec
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def run_spot(session: Session, clock: Any) -> Callable[..., tuple[Attempt, str]]
         begun = lifecycle.begin_attempt(session, job.id, chosen(SPOT_PLAN, price), clock.now())
         assert begun is not None
         attempt, token = begun
-        lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now())
+        lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now(), lease_seconds=LEASE)
         return attempt, token
 
     return _running

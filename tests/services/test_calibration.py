@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from broker.core.job_status import JobStatus
 from broker.db.models import ThroughputCorrection
-from broker.services import lifecycle
+from broker.services import agent_reports, lifecycle
 from broker.services.calibration import calibrate
 from broker.services.job_spec import JobSpec
 from broker.services.quoting import get_planning, quote_job
@@ -20,7 +20,7 @@ def test_calibration_folds_observed_speed_into_later_quotes(session, clock, subm
     hours = 2.0
     clock.advance(hours * 3600)
     # The GPU ran at half the predicted speed once past the restart overhead.
-    lifecycle.record_progress(session, attempt.id, token, rate * 0.5 * hours, None, clock.now())
+    agent_reports.record_progress(session, attempt.id, token, rate * 0.5 * hours, None, clock.now())
     lifecycle.stop(session, job.id, JobStatus.CANCELLED, "test", clock.now())
     factor = calibrate(planning, session, attempt.id)
     assert factor is not None and factor < 0.8

@@ -11,12 +11,12 @@ from broker.core.errors import BudgetExceeded, Conflict, IllegalTransition, NotF
 from broker.core.job_status import JobStatus
 from broker.core.money import cost_micros
 from broker.db.models import Attempt, Job, LedgerEntry
-from broker.services import admission, lifecycle
+from broker.services import admission, agent_reports, lifecycle
 from broker.services.job_spec import JobSpec
 from broker.services.ledger import job_reserved, job_spent
 from broker.services.quoting import quote_job
 from broker.services.teams import create_team
-from tests.helpers import SPOT_PLAN, SPOT_PRICE, chosen, job_spec
+from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen, job_spec
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def _running(session, job, clock):
     attempt, token = lifecycle.begin_attempt(
         session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
     )
-    lifecycle.launch_succeeded(session, attempt.id, "i-123", clock.now())
+    lifecycle.launch_succeeded(session, attempt.id, "i-123", clock.now(), lease_seconds=LEASE)
     return attempt, token
 
 
@@ -40,10 +40,10 @@ def test_attempt_runs_and_books_per_second_spend(session, job, clock):
     attempt, _ = _running(session, job, clock)
     assert session.get(Job, job.id).status == "running"
     clock.advance(30)
-    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)
+    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60, lease_seconds=LEASE)
     assert job_spent(session, job.id) == 15_300  # the 60 s minimum: 0.918 * 60 / 3600
     clock.advance(3570)
-    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)
+    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60, lease_seconds=LEASE)
     assert job_spent(session, job.id) == SPOT_PRICE  # exactly one hour
     assert job_reserved(session, job.id) == max(held - SPOT_PRICE, 0)
 
@@ -52,7 +52,9 @@ def test_ledger_equals_billed_seconds_times_price(session, job, clock):
     attempt, _ = _running(session, job, clock)
     for step in (100, 250, 7, 1000):
         clock.advance(step)
-        lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)
+        lifecycle.accrue(
+            session, attempt.id, clock.now(), lookahead_seconds=60, lease_seconds=LEASE
+        )
     ended = lifecycle.stop(session, job.id, JobStatus.SUCCEEDED, "work reached", clock.now())
     assert [t.instance_id for t in ended] == ["i-123"]
     attempt = session.get(Attempt, attempt.id)
@@ -65,7 +67,7 @@ def test_an_end_read_from_an_earlier_clock_keeps_the_ledger_exact(session, job, 
     attempt, _ = _running(session, job, clock)
     began = clock.now()
     clock.advance(1000)
-    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)
+    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60, lease_seconds=LEASE)
     # another worker read the clock 100 s earlier and ends the attempt after that booking
     lifecycle.stop(
         session, job.id, JobStatus.SUCCEEDED, "work reached", began + timedelta(seconds=900)
@@ -78,13 +80,15 @@ def test_an_end_read_from_an_earlier_clock_keeps_the_ledger_exact(session, job, 
 
 def test_preemption_falls_back_to_latest_checkpoint(session, job, clock):
     attempt, token = _running(session, job, clock)
-    lifecycle.record_progress(session, attempt.id, token, 1000, "ckpt/1000", clock.now())
-    lifecycle.record_progress(session, attempt.id, token, 1500, None, clock.now())
+    agent_reports.record_progress(
+        session, attempt.id, token, 1000, f"jobs/{job.id}/ckpt-1000", clock.now()
+    )
+    agent_reports.record_progress(session, attempt.id, token, 1500, None, clock.now())
     lifecycle.preempted(session, attempt.id, clock.now())
     reloaded = session.get(Job, job.id)
     assert reloaded.status == "preempted"
     assert reloaded.work_done == 1000 and reloaded.checkpointed_work == 1000
-    assert lifecycle.latest_checkpoint(session, job.id).object_key == "ckpt/1000"
+    assert agent_reports.latest_checkpoint(session, job.id).object_key == f"jobs/{job.id}/ckpt-1000"
     second, _ = lifecycle.begin_attempt(
         session, job.id, chosen({**SPOT_PLAN, "zone": "use1-az2"}, SPOT_PRICE), clock.now()
     )
@@ -94,14 +98,14 @@ def test_preemption_falls_back_to_latest_checkpoint(session, job, clock):
 def test_progress_with_wrong_token_is_not_found(session, job, clock):
     attempt, _ = _running(session, job, clock)
     with pytest.raises(NotFound):
-        lifecycle.record_progress(session, attempt.id, "att_wrong", 10, None, clock.now())
+        agent_reports.record_progress(session, attempt.id, "att_wrong", 10, None, clock.now())
 
 
 def test_progress_after_end_is_conflict(session, job, clock):
     attempt, token = _running(session, job, clock)
     lifecycle.stop(session, job.id, JobStatus.CANCELLED, "test", clock.now())
     with pytest.raises(Conflict):
-        lifecycle.record_progress(session, attempt.id, token, 10, None, clock.now())
+        agent_reports.record_progress(session, attempt.id, token, 10, None, clock.now())
 
 
 def test_budget_exhausted_stops_before_overspending(session, job, clock):
@@ -110,7 +114,9 @@ def test_budget_exhausted_stops_before_overspending(session, job, clock):
     stopped = []
     while not stopped:
         now += timedelta(minutes=10)
-        stopped = lifecycle.accrue(session, attempt.id, now, lookahead_seconds=600)
+        stopped = lifecycle.accrue(
+            session, attempt.id, now, lookahead_seconds=600, lease_seconds=LEASE
+        )
     reloaded = session.get(Job, job.id)
     assert reloaded.status == "budget_exhausted"
     assert job_spent(session, job.id) <= 20_000_000
@@ -140,7 +146,9 @@ def test_launch_finishing_after_cancel_hands_back_instance(session, job, clock):
         session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
     )
     lifecycle.stop(session, job.id, JobStatus.CANCELLED, "test", clock.now())
-    ended = lifecycle.launch_succeeded(session, attempt.id, "i-late", clock.now())
+    ended = lifecycle.launch_succeeded(
+        session, attempt.id, "i-late", clock.now(), lease_seconds=LEASE
+    )
     assert [t.instance_id for t in ended] == ["i-late"]
 
 
@@ -168,11 +176,13 @@ def test_spend_passing_the_alert_threshold_logs_one_warning(session, clock, capl
     attempt, _ = lifecycle.begin_attempt(
         session, job.id, chosen(SPOT_PLAN, 10_000_000), clock.now()
     )  # $10/h
-    lifecycle.launch_succeeded(session, attempt.id, "i-9", clock.now())
+    lifecycle.launch_succeeded(session, attempt.id, "i-9", clock.now(), lease_seconds=LEASE)
     caplog.set_level("WARNING", logger="broker.services.billing")
     for _ in range(6):  # $10 per step: the $30 threshold is crossed at the third
         clock.advance(3600)
-        lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60)
+        lifecycle.accrue(
+            session, attempt.id, clock.now(), lookahead_seconds=60, lease_seconds=LEASE
+        )
     warnings = [r for r in caplog.records if "budget alert" in r.getMessage()]
     assert len(warnings) == 1
     assert "30.00 of 300.00 USD spent" in warnings[0].getMessage()
@@ -183,8 +193,14 @@ def test_a_repeated_launch_of_the_same_attempt_keeps_it_running(session, job, cl
     attempt, _ = lifecycle.begin_attempt(
         session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
     )
-    assert lifecycle.launch_succeeded(session, attempt.id, "i-7", clock.now()) == []
-    assert lifecycle.launch_succeeded(session, attempt.id, "i-7", clock.now()) == []
+    assert (
+        lifecycle.launch_succeeded(session, attempt.id, "i-7", clock.now(), lease_seconds=LEASE)
+        == []
+    )
+    assert (
+        lifecycle.launch_succeeded(session, attempt.id, "i-7", clock.now(), lease_seconds=LEASE)
+        == []
+    )
     again = session.get(Attempt, attempt.id)
     session.refresh(again)
     assert again.status == "running" and again.end_reason is None
@@ -194,7 +210,9 @@ def test_a_repeated_launch_of_the_same_attempt_keeps_it_running(session, job, cl
 def test_a_job_whose_checkpoint_holds_all_work_succeeds_from_provisioning(session, job, clock):
     # Migrated to on-demand right after its final checkpoint: nothing is left to launch.
     attempt, token = _running(session, job, clock)
-    lifecycle.record_progress(session, attempt.id, token, job.total_work, "final", clock.now())
+    agent_reports.record_progress(
+        session, attempt.id, token, job.total_work, f"jobs/{job.id}/final", clock.now()
+    )
     lifecycle.migrate(session, attempt.id, "deadline close", clock.now())
     assert session.get(Job, job.id).status == "provisioning"
     lifecycle.stop(session, job.id, JobStatus.SUCCEEDED, "work reached (checkpointed)", clock.now())
@@ -206,7 +224,9 @@ def test_checkpoint_holding_all_work_before_preemption_succeeds(session, clock, 
     job = submit()
     attempt, token = run_spot(job)
     clock.advance(600)
-    lifecycle.record_progress(session, attempt.id, token, job.total_work, "final", clock.now())
+    agent_reports.record_progress(
+        session, attempt.id, token, job.total_work, f"jobs/{job.id}/final", clock.now()
+    )
     lifecycle.preempted(session, attempt.id, clock.now())
     assert session.get(Job, job.id).status == "succeeded"
     assert job_reserved(session, job.id) == 0

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from broker.db.models import Job
-from broker.services import lifecycle
+from broker.services import agent_reports, lifecycle
 from broker.services.quoting import get_planning
+from tests.helpers import LEASE
 
 
 def test_replan_covers_only_the_work_left_after_the_latest_checkpoint(
@@ -17,7 +18,9 @@ def test_replan_covers_only_the_work_left_after_the_latest_checkpoint(
     full = planning.plans_for_job(session, job, clock.now())
     attempt, token = run_spot(job)
     clock.advance(3600)
-    lifecycle.record_progress(session, attempt.id, token, job.total_work * 0.75, "k", clock.now())
+    agent_reports.record_progress(
+        session, attempt.id, token, job.total_work * 0.75, f"jobs/{job.id}/k", clock.now()
+    )
     lifecycle.preempted(session, attempt.id, clock.now())
     job = session.get(Job, job.id)
     rest = planning.plans_for_job(session, job, clock.now())
@@ -40,7 +43,7 @@ def test_replan_with_no_budget_left_says_budget_exhausted(session, clock, submit
     attempt, _ = run_spot(job, price=100_000_000)  # $100/h
     # Run until the spend has eaten all but a cent of max_cost.
     clock.advance(3600 * 249.99 / 100)
-    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=0)
+    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=0, lease_seconds=LEASE)
     assert session.get(Job, job.id).status == "running"
     lifecycle.preempted(session, attempt.id, clock.now())
     replan = get_planning().plans_for_job(session, session.get(Job, job.id), clock.now())

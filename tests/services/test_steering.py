@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from broker.db.models import Job
-from broker.services import lifecycle
+from broker.services import agent_reports, lifecycle
 from broker.services.quoting import get_planning
 from broker.services.steering import market_now, steer
-from tests.helpers import SPOT_PLAN, SPOT_PRICE, chosen
+from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen
 
 
 def test_spot_attempt_moves_to_on_demand_when_slack_no_longer_covers_a_restart(
@@ -18,7 +18,7 @@ def test_spot_attempt_moves_to_on_demand_when_slack_no_longer_covers_a_restart(
     planning = get_planning()
     attempt, token = run_spot(job)
     clock.advance(1800)
-    lifecycle.record_progress(session, attempt.id, token, 100, "k", clock.now())
+    agent_reports.record_progress(session, attempt.id, token, 100, f"jobs/{job.id}/k", clock.now())
     job = session.get(Job, job.id)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
     # Near the deadline with most of the work left: spot can no longer be risked.
@@ -34,7 +34,9 @@ def test_spot_attempt_that_alone_can_still_finish_is_kept_when_on_demand_cannot(
     attempt, token = run_spot(job)
     clock.advance(1800)
     # 90 % done on spot, none of it checkpointed: on-demand would start from zero.
-    lifecycle.record_progress(session, attempt.id, token, job.total_work * 0.9, None, clock.now())
+    agent_reports.record_progress(
+        session, attempt.id, token, job.total_work * 0.9, None, clock.now()
+    )
     job = session.get(Job, job.id)
     spot_finish = 0.1 * job.total_work / planning.rate(session, job, "V100", 1)
     od_hours = min(
@@ -53,7 +55,7 @@ def test_spot_attempt_that_alone_can_still_finish_is_kept_when_on_demand_cannot(
 def _on_demand(session, job, clock):  # type: ignore[no-untyped-def]
     plan = {**SPOT_PLAN, "market": "on_demand"}
     attempt, token = lifecycle.begin_attempt(session, job.id, chosen(plan, 3_060_000), clock.now())
-    lifecycle.launch_succeeded(session, attempt.id, "i-od", clock.now())
+    lifecycle.launch_succeeded(session, attempt.id, "i-od", clock.now(), lease_seconds=LEASE)
     return attempt, token
 
 
@@ -62,12 +64,14 @@ def test_on_demand_attempt_moves_back_to_spot_right_after_a_checkpoint(session, 
     planning = get_planning()
     attempt, token = _on_demand(session, job, clock)
     clock.advance(900)  # past the restart overhead
-    lifecycle.record_progress(session, attempt.id, token, 50, "ckpt-50", clock.now())
+    agent_reports.record_progress(
+        session, attempt.id, token, 50, f"jobs/{job.id}/ckpt-50", clock.now()
+    )
     job = session.get(Job, job.id)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
     # Work past the checkpoint that a move would lose: wait for the next checkpoint.
     clock.advance(1800)
-    lifecycle.record_progress(
+    agent_reports.record_progress(
         session, attempt.id, token, 50 + job.total_work / 4, None, clock.now()
     )
     job = session.get(Job, job.id)
@@ -81,7 +85,9 @@ def test_on_demand_attempt_stays_when_spot_was_just_refused_or_the_deadline_is_c
     planning = get_planning()
     attempt, token = _on_demand(session, job, clock)
     clock.advance(900)
-    lifecycle.record_progress(session, attempt.id, token, 50, "ckpt-50", clock.now())
+    agent_reports.record_progress(
+        session, attempt.id, token, 50, f"jobs/{job.id}/ckpt-50", clock.now()
+    )
     job = session.get(Job, job.id)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
     other = submit(budget=2_000_000_000)
@@ -97,7 +103,9 @@ def test_on_demand_attempt_stays_when_spot_was_just_refused_or_the_deadline_is_c
     lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
     clock.advance(3600 * 1.5)
-    lifecycle.record_progress(session, attempt.id, token, 60, "ckpt-60", clock.now())
+    agent_reports.record_progress(
+        session, attempt.id, token, 60, f"jobs/{job.id}/ckpt-60", clock.now()
+    )
     job = session.get(Job, job.id)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
     # Close to the deadline a spot start is no longer safe.
@@ -109,7 +117,9 @@ def test_on_demand_attempt_of_an_on_demand_job_never_moves(session, clock, submi
     job = submit(market="on_demand")
     attempt, token = _on_demand(session, job, clock)
     clock.advance(900)
-    lifecycle.record_progress(session, attempt.id, token, 50, "ckpt-50", clock.now())
+    agent_reports.record_progress(
+        session, attempt.id, token, 50, f"jobs/{job.id}/ckpt-50", clock.now()
+    )
     job = session.get(Job, job.id)
     assert steer(get_planning(), session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from broker.api.deps import NowDep, SessionDep
 from broker.api.errors import error_responses
 from broker.api.schemas import ResourceId
-from broker.services import lifecycle
+from broker.services import agent_reports
 from broker.services.job_spec import PRINTABLE
 
 router = APIRouter(prefix="/v1/attempts", tags=["agent"])
@@ -56,7 +56,10 @@ def report_progress(
     now: NowDep,
     token: Annotated[str, Depends(attempt_token)],
 ) -> ProgressAck:
-    job = lifecycle.record_progress(
+    """Report the attempt's work done and, with ``checkpoint_key``, a checkpoint saved under
+    the job's ``jobs/{job_id}/`` prefix. Work beyond what the attempt's GPUs can have done
+    by now is refused (422); only a checkpoint holding all the work finishes the job."""
+    job = agent_reports.report_progress(
         session, attempt_id, token, body.work_done, body.checkpoint_key, now
     )
     return ProgressAck(job_status=job.status, work_done=job.work_done, total_work=job.total_work)

@@ -1,0 +1,176 @@
+"""Reconcile through the real local clouds (moto and the GCE fake): one instance that refuses
+to terminate, or one region that does not answer, no longer stops the pass."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+import pytest
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from broker import clock
+from broker.clock import ManualClock
+from broker.db.models import Attempt, Job
+from broker.services import lifecycle
+from broker.services.reconcile import reconcile
+from providers.aws import AwsProvider
+from providers.base import InstanceRef, LaunchRequest, Provider
+from providers.gcp import GcpProvider
+from providers.local import Fault, LocalCloud
+from providers.local.stack import LOCAL_ACCESS_KEY, LOCAL_SECRET_KEY
+from providers.retry import RetryPolicy
+from tests.helpers import LEASE, chosen
+
+AWS_ZONE = "use1-az6"  # moto's zone id of us-east-1a
+REGIONS = {"aws": ["us-east-1"], "gcp": ["us-central1"]}
+GCP_PLAN = {
+    "provider": "gcp",
+    "region": "us-central1",
+    "zone": "us-central1-a",
+    "instance_type": "n1-standard-8-v100",
+    "gpu": "V100",
+    "gpu_count": 1,
+    "market": "on_demand",
+}
+# Two quick tries per call, so a test knows how many injected faults exhaust one call.
+TWO_TRIES = RetryPolicy(attempts=2, initial_wait=0.01, max_wait=0.02, total_seconds=5.0)
+
+
+@pytest.fixture(scope="module")
+def cloud() -> Iterator[LocalCloud]:
+    with LocalCloud(
+        aws_regions=["us-east-1"],
+        gcp_zones=["us-central1-a"],
+        market_interval_seconds=None,
+        clock=ManualClock(datetime(2024, 3, 1, tzinfo=UTC)),
+    ) as local:
+        local.market.set_available("aws", "us-east-1a", "*", True)
+        local.market.set_available("gcp", "us-central1-a", "*", True)
+        yield local
+
+
+@pytest.fixture
+def providers(cloud: LocalCloud) -> Iterator[dict[str, Provider]]:
+    built: dict[str, Provider] = {
+        "aws": AwsProvider.from_settings(cloud.settings(), retry=TWO_TRIES),
+        "gcp": GcpProvider.from_settings(cloud.settings(), retry=TWO_TRIES),
+    }
+    yield built
+    cloud.faults.reset()
+    for name, provider in built.items():  # leave the shared clouds empty for the next test
+        for region in REGIONS[name]:
+            for ref in provider.list_managed(region):
+                if name == "aws":
+                    _ec2(cloud).modify_instance_attribute(
+                        InstanceId=ref.instance_id, DisableApiTermination={"Value": False}
+                    )
+                provider.terminate(ref)
+
+
+def _ec2(cloud: LocalCloud) -> Any:
+    return boto3.client(
+        "ec2",
+        region_name="us-east-1",
+        endpoint_url=cloud.aws_endpoint_url,
+        aws_access_key_id=LOCAL_ACCESS_KEY,
+        aws_secret_access_key=LOCAL_SECRET_KEY,
+    )
+
+
+def _orphan(provider: Provider) -> InstanceRef:
+    """An instance tagged as the broker's for an attempt the database never heard of."""
+    token = f"att_{uuid.uuid4().hex[:12]}"
+    where = (
+        {"region": "us-east-1", "zone": AWS_ZONE, "instance_type": "p3.2xlarge"}
+        if provider.name == "aws"
+        else {"region": "us-central1", "zone": "us-central1-a", "instance_type": "n1-standard-8"}
+    )
+    return provider.launch(
+        LaunchRequest(
+            token=token,
+            provider=provider.name,
+            market="on_demand",
+            gpu="V100",
+            tags={"broker-job": "job_gone", "broker-attempt": token, "broker-team": "vision"},
+            **where,
+        )
+    )
+
+
+def _running(session: Session, job: Job, plan: dict[str, Any], instance_id: str) -> Attempt:
+    """A running attempt of ``job`` on ``plan`` whose instance ``instance_id`` no cloud has."""
+    begun = lifecycle.begin_attempt(session, job.id, chosen(plan, 1_000_000), clock.now())
+    assert begun is not None
+    attempt, _token = begun
+    lifecycle.launch_succeeded(session, attempt.id, instance_id, clock.now(), lease_seconds=LEASE)
+    return attempt
+
+
+def _status(session: Session, attempt_id: str) -> str:
+    session.expire_all()
+    attempt = session.get(Attempt, attempt_id)
+    assert attempt is not None
+    return attempt.status
+
+
+def test_an_instance_that_refuses_to_terminate_does_not_stop_the_pass(
+    cloud: LocalCloud,
+    providers: dict[str, Provider],
+    db_engine: Engine,
+    session: Session,
+    submit: Any,
+    run_spot: Any,
+) -> None:
+    stuck = _orphan(providers["aws"])
+    _ec2(cloud).modify_instance_attribute(
+        InstanceId=stuck.instance_id, DisableApiTermination={"Value": True}
+    )
+    aws_orphan = _orphan(providers["aws"])
+    gcp_orphan = _orphan(providers["gcp"])
+    vanished, _ = run_spot(submit())  # running in aws us-east-1, instance "i-1" is nowhere
+
+    report = reconcile(db_engine, providers, REGIONS.__getitem__)
+
+    assert sorted(report.orphans_terminated) == sorted(
+        [aws_orphan.instance_id, gcp_orphan.instance_id]
+    )
+    assert [(f.action, f.instance_id) for f in report.failures] == [
+        ("terminate", stuck.instance_id)
+    ]
+    assert "OperationNotPermitted" in report.failures[0].error
+    assert providers["aws"].describe(stuck).status == "running"
+    assert providers["aws"].describe(aws_orphan).status == "terminated"
+    assert providers["gcp"].describe(gcp_orphan).status in ("terminated", "stopping")
+    # The listing of us-east-1 was whole: the attempt whose instance vanished is still found.
+    assert report.attempts_marked_gone == [vanished.id]
+    assert _status(session, vanished.id) != lifecycle.RUNNING
+
+
+def test_a_region_that_does_not_answer_is_skipped_and_its_attempts_left_alone(
+    cloud: LocalCloud,
+    providers: dict[str, Provider],
+    db_engine: Engine,
+    session: Session,
+    submit: Any,
+    run_spot: Any,
+) -> None:
+    gcp_orphan = _orphan(providers["gcp"])
+    aws_attempt, _ = run_spot(submit())
+    gcp_attempt = _running(session, submit(budget=2_000_000_000), GCP_PLAN, "gone-1")
+    cloud.faults.fail_next(2, Fault.SERVER_ERROR)  # both tries of the first call: EC2's listing
+
+    report = reconcile(db_engine, providers, REGIONS.__getitem__)
+
+    assert [(f.provider, f.region, f.action, f.instance_id) for f in report.failures] == [
+        ("aws", "us-east-1", "list", None)
+    ]
+    assert report.orphans_terminated == [gcp_orphan.instance_id]
+    # Unseen in a region that was not listed is not gone; unseen in a listed one is.
+    assert report.attempts_marked_gone == [gcp_attempt.id]
+    assert _status(session, aws_attempt.id) == lifecycle.RUNNING
+    assert _status(session, gcp_attempt.id) != lifecycle.RUNNING

@@ -1,0 +1,120 @@
+"""The runner against an in-memory cloud: success needs the final checkpoint, and the token a
+launch hands its instance survives a retried launch after a restart (issue 21)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from sqlmodel import select
+
+from broker.db.models import Attempt, Job
+from broker.services import lifecycle
+from broker.services.agent_reports import report_progress
+from broker.services.launch_request import agent_token
+from broker.services.ledger import job_reserved
+from broker.services.quoting import get_planning
+from broker.services.runner import Runner
+from broker.services.teams import hash_token
+from broker.services.wiring import agent_secret
+from broker.settings import Settings
+from providers.base import InstanceRef, InstanceState, LaunchRequest, TransientError
+from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen
+
+
+class Cloud:
+    """A cloud in memory: an instance runs from its launch until it is terminated; the same
+    launch token finds the same instance. ``fail_next`` makes the next launch a transient
+    error (the cloud never saw it)."""
+
+    def __init__(self) -> None:
+        self.requests: list[LaunchRequest] = []
+        self.terminated: set[str] = set()
+        self.fail_next = False
+
+    def launch(self, request: LaunchRequest) -> InstanceRef:
+        if self.fail_next:
+            self.fail_next = False
+            raise TransientError("the cloud did not answer")
+        self.requests.append(request)
+        return InstanceRef(request.provider, request.region, request.zone, f"i-{request.token}")
+
+    def describe(self, ref: InstanceRef) -> InstanceState:
+        gone = ref.instance_id in self.terminated
+        return InstanceState("terminated" if gone else "running", None, datetime.now(UTC))
+
+    def terminate(self, ref: InstanceRef) -> None:
+        self.terminated.add(ref.instance_id)
+
+    def list_managed(self, region: str) -> list[InstanceRef]:
+        return []
+
+
+def runner(engine, cloud: Cloud, secret: str) -> Runner:  # type: ignore[no-untyped-def]
+    return Runner(
+        engine,
+        {"aws": cloud, "gcp": cloud},  # type: ignore[dict-item]
+        get_planning(),
+        agent_secret=secret,
+        api_url="http://broker.invalid",
+        tick_seconds=5.0,
+    )
+
+
+def test_full_work_without_a_checkpoint_does_not_succeed_the_job_the_final_checkpoint_does(
+    session, db_engine, clock, submit
+):
+    job = submit(market="spot")
+    cloud = Cloud()
+    hands = runner(db_engine, cloud, "secret")
+    attempt, token = lifecycle.begin_attempt(
+        session,
+        job.id,
+        chosen(SPOT_PLAN, SPOT_PRICE),
+        clock.now(),
+        token_for=lambda attempt_id: agent_token("secret", attempt_id, job.deadline),
+    )
+    lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now(), lease_seconds=LEASE)
+    clock.advance(2 * 3600)  # long enough for all the work to be credible on a V100
+
+    report_progress(session, attempt.id, token, job.total_work, None, clock.now())
+    hands.observe(attempt.id)
+    session.expire_all()
+    job = session.get(Job, job.id)
+    assert job.work_done == job.total_work and job.checkpointed_work < job.total_work
+    assert job.status == "running", job.status_reason
+    assert cloud.terminated == set() and job_reserved(session, job.id) > 0
+
+    final = f"jobs/{job.id}/final"
+    report_progress(session, attempt.id, token, job.total_work, final, clock.now())
+    hands.observe(attempt.id)
+    session.expire_all()
+    job = session.get(Job, job.id)
+    assert job.status == "succeeded"
+    assert cloud.terminated == {"i-1"} and job_reserved(session, job.id) == 0
+
+
+def test_a_restarted_broker_hands_a_retried_launch_the_token_the_api_accepts(
+    session, db_engine, clock, submit, tmp_path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.delenv("BROKER_AGENT_SECRET", raising=False)
+    job = submit(market="spot")
+    cloud = Cloud()
+    cloud.fail_next = True
+    before = runner(db_engine, cloud, agent_secret(Settings(data_dir=tmp_path)))
+    with pytest.raises(TransientError):
+        before.launch(job.id)  # the attempt is recorded, its launch never reached the cloud
+    attempt = session.exec(select(Attempt).where(Attempt.job_id == job.id)).one()
+    assert attempt.status == "launching"
+
+    # Restart: new settings read the same data folder, a new runner retries the launch.
+    after = runner(db_engine, cloud, agent_secret(Settings(data_dir=tmp_path)))
+    after.observe(attempt.id)
+    handed = cloud.requests[-1].user_data
+    assert handed["attempt_id"] == attempt.id
+    assert hash_token(handed["token"]) == attempt.token_hash
+    assert handed["checkpoint_prefix"] == f"jobs/{job.id}"
+    clock.advance(600)
+    session.expire_all()  # the runner changed the job in its own sessions
+    done = report_progress(session, attempt.id, handed["token"], 10, None, clock.now())
+    assert done.status == "running" and done.work_done == 10
