@@ -10,7 +10,8 @@ from celery import Celery, signals
 from kombu import Queue
 
 from broker.logs import configure_logging
-from broker.settings import Settings, get_settings, private_dir
+from broker.private_files import private_dir
+from broker.settings import Settings, get_settings
 
 
 def use_metrics_dir(settings: Settings) -> None:

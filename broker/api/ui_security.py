@@ -25,8 +25,9 @@ from fastapi import Request, Response
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from sqlmodel import Session
 
+from broker.private_files import kept_secret
 from broker.services.teams import Principal, live_key, live_key_for_token
-from broker.settings import Settings, get_settings, kept_secret
+from broker.settings import Settings, get_settings
 
 COOKIE = "broker_session"
 SESSION_SECRET_FILE = "session_secret"

@@ -20,7 +20,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session, create_engine
 
-from broker.settings import get_settings, private_dir
+from broker.private_files import private_dir
+from broker.settings import get_settings
 
 
 def make_engine(url: str) -> Engine:

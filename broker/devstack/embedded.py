@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from broker.db.engine import create_schema, get_engine
-from broker.settings import Settings, get_settings, private_dir
+from broker.private_files import private_dir
+from broker.settings import Settings, get_settings
 
 
 def ensure_admin_token(settings: Settings) -> tuple[str, bool]:

@@ -36,7 +36,8 @@ from broker.devstack.processes import (
     kill_group,
     wait_until_healthy,
 )
-from broker.settings import AGENT_SECRET_FILE, get_settings, kept_secret, private_dir
+from broker.private_files import AGENT_SECRET_FILE, kept_secret, private_dir
+from broker.settings import get_settings
 
 log = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ from sqlmodel import Session, col, select
 from broker.core.job_status import JobStatus
 from broker.core.money import from_micros
 from broker.db.models import Attempt, Job, LedgerEntry, Team
+from broker.services import spend_control
 from broker.services.ledger import RELEASE, RESERVE, SPENT_KINDS, period_start
 
 TICK_SECONDS = Histogram(
@@ -65,6 +66,20 @@ class DatabaseCollector(Collector):
         if self.teams:
             yield from self._team_money()
         yield from self._attempts()
+        yield from self._leases()
+
+    def _leases(self) -> Iterator[Metric]:
+        lapsed, late = spend_control.lapsed(self.session, self.now)
+        yield GaugeMetricFamily(
+            "broker_leases_lapsed",
+            "Running attempts past their spend lease (the control loop is behind).",
+            value=lapsed,
+        )
+        yield GaugeMetricFamily(
+            "broker_loop_late_seconds",
+            "How far (broker seconds) the oldest lapsed spend lease is past its end.",
+            value=late,
+        )
 
     def _jobs(self) -> Metric:
         counts = {status.value: 0 for status in JobStatus}

@@ -6,10 +6,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from broker.db.engine import get_engine
+from broker.private_files import AGENT_SECRET_FILE, kept_secret
 from broker.services.quoting import get_planning
 from broker.services.runner import Runner
 from broker.services.spend_control import SpendControls
-from broker.settings import AGENT_SECRET_FILE, Settings, get_settings, kept_secret
+from broker.settings import Settings, get_settings
 from providers.registry import build_providers
 
 

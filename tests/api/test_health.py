@@ -129,3 +129,34 @@ def test_healthz_sees_a_worker_and_beat_and_notices_when_they_die(
     assert body["beat"]["alive"] is False
     assert body["workers"]["silent_seconds"] >= TIMEOUT  # rounded to 0.1 s
     assert body["beat"]["silent_seconds"] >= TIMEOUT
+
+
+def test_healthz_and_metrics_say_the_loop_is_behind_when_a_lease_lapsed(
+    client, clock, quick_liveness, db_engine, admin_headers
+) -> None:  # type: ignore[no-untyped-def]
+    from sqlmodel import Session
+
+    from broker.services import admission, lifecycle
+    from broker.services.job_spec import JobSpec
+    from broker.services.teams import create_team
+    from tests.helpers import SPOT_PLAN, SPOT_PRICE, chosen, job_spec
+
+    assert client.get("/healthz").json()["loop"] == {
+        "behind": False,
+        "lapsed_leases": 0,
+        "late_seconds": 0.0,
+    }
+    with Session(db_engine, expire_on_commit=False) as session:
+        team = create_team(session, "late", 10**9, "month", 0.8, clock.now())
+        job, _ = admission.submit(session, team.id, JobSpec.model_validate(job_spec()), clock.now())
+        attempt, _ = lifecycle.begin_attempt(
+            session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
+        )
+        lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now(), lease_seconds=600)
+    clock.advance(900)  # nobody renewed the lease: it ended 300 s ago
+    body = client.get("/healthz").json()
+    assert body["status"] == "degraded"
+    assert body["loop"] == {"behind": True, "lapsed_leases": 1, "late_seconds": 300.0}
+    metrics = client.get("/metrics", headers=admin_headers).text
+    assert "broker_leases_lapsed 1.0" in metrics
+    assert "broker_loop_late_seconds 300.0" in metrics

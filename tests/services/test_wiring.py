@@ -7,8 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from broker.private_files import AGENT_SECRET_FILE, kept_secret
 from broker.services.wiring import agent_secret
-from broker.settings import AGENT_SECRET_FILE, Settings, kept_secret
+from broker.settings import Settings
 
 
 @pytest.fixture(autouse=True)

@@ -14,10 +14,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from sqlalchemy import text
 
 from broker import clock
 from broker.api.deps import NowDep, SessionDep
+from broker.services import spend_control
 from broker.services.liveness import Liveness, LivenessMonitor
 from broker.settings import get_settings
 
@@ -53,9 +53,9 @@ def _seen(now: datetime, age: float | None) -> str | None:
     return (now - timedelta(seconds=age * clock.scale())).isoformat()
 
 
-def _report(liveness: Liveness, now: datetime) -> dict[str, Any]:
+def _report(liveness: Liveness, now: datetime, lapsed: int, late: float) -> dict[str, Any]:
     return {
-        "status": "ok" if liveness.ok else "degraded",
+        "status": "ok" if liveness.ok and not lapsed else "degraded",
         "time": now.isoformat(),
         "workers": {
             "alive": liveness.workers_alive,
@@ -68,6 +68,8 @@ def _report(liveness: Liveness, now: datetime) -> dict[str, Any]:
             "silent_seconds": _rounded(liveness.beat_age),
         },
         "timeout_seconds": liveness.timeout,
+        # Running attempts past their spend lease: the control loop is behind (broker s).
+        "loop": {"behind": lapsed > 0, "lapsed_leases": lapsed, "late_seconds": round(late, 1)},
     }
 
 
@@ -78,7 +80,8 @@ def _rounded(age: float | None) -> float | None:
 @router.get("/healthz")
 def healthz(request: Request, session: SessionDep, now: NowDep) -> dict[str, Any]:
     """200 while the API and its database answer: ``status`` is ``ok``, or ``degraded`` when no
-    worker answered or beat was not heard for ``timeout_seconds``; ``time`` is the broker's
-    clock (scaled in demos), ``last_seen`` on the same clock, ``silent_seconds`` wall seconds."""
-    session.exec(text("SELECT 1"))  # type: ignore[call-overload]
-    return _report(_monitor(request).view(), now)
+    worker answered, beat was not heard for ``timeout_seconds``, or the control loop is behind
+    (running attempts past their spend lease); ``time`` is the broker's clock (scaled in
+    demos), ``last_seen`` on the same clock, ``silent_seconds`` wall seconds."""
+    lapsed, late = spend_control.lapsed(session, now)
+    return _report(_monitor(request).view(), now, lapsed, late)
