@@ -9,6 +9,7 @@ the price refresh (``broker.services.price_refresh``) work on the same ``Plannin
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -24,13 +25,14 @@ from broker.core.offers import OfferTable
 from broker.core.planner import PlanRequest, PlanSet, rank_plans, resource_mask
 from broker.core.throughput import ThroughputModel, Workload
 from broker.db.models import Job, Team, ThroughputCorrection
-from broker.services.job_spec import JobSpec
+from broker.services.job_spec import JobSpec, ReferenceWorkload
 from broker.services.ledger import job_reserved, job_spent, team_budget
 from broker.services.plans import ChosenPlan, Replan
 from broker.settings import Settings, get_settings
 from pricing.catalog import bundled_catalog
 
 STARTUP_HOURS = 0.1  # launch + boot + setup before a restore starts
+MIN_WORK_GPU_HOURS = 0.01  # the smallest job admitted: 36 s of one reference GPU
 
 
 def launchable(
@@ -213,12 +215,39 @@ def get_planning() -> Planning:
     return Planning.from_settings(get_settings())
 
 
+def check_size(planning: Planning, spec: JobSpec) -> None:
+    """Refuse a job smaller than ``MIN_WORK_GPU_HOURS`` of one reference GPU (InvalidInput
+    naming ``workload``): every instance bills a minute at least, so smaller work is mostly
+    paying for nothing (and a flood of it is how a budget gets drained)."""
+    workload = spec.workload
+    if isinstance(workload, ReferenceWorkload):
+        hours, gpu = workload.reference_gpu_hours, workload.reference_gpu
+    else:
+        gpu = "V100"
+        try:
+            load = Workload.from_mapping(workload.model_dump(exclude_none=True))
+            rate = float(planning.model.work_per_hour(load, np.array([gpu]), np.array([1]))[0])
+        except ValueError as error:  # an unknown model: say so, as a quote does
+            raise InvalidInput(str(error), "workload") from None
+        hours = load.total_work / rate if rate > 0 else math.inf
+    if hours < MIN_WORK_GPU_HOURS:
+        raise InvalidInput(
+            f"the job is too small: {hours:.3g} GPU-hours of work on one {gpu}; the broker "
+            f"takes jobs of at least {MIN_WORK_GPU_HOURS} GPU-hours (36 s), since every "
+            "instance bills a minute at least",
+            "workload",
+        )
+
+
 def quote_job(spec: JobSpec, now: datetime, session: Session | None = None) -> PlanSet:
-    """Ranked plans for ``spec`` at ``now``; Infeasible (422) when none fits, with why."""
+    """Ranked plans for ``spec`` at ``now``; InvalidInput (422) for a past deadline or a job
+    too small to run, Infeasible (422) when no plan fits, with why."""
     if spec.deadline <= now:
         raise InvalidInput(f"deadline {spec.deadline.isoformat()} is in the past", "deadline")
+    planning = get_planning()
+    check_size(planning, spec)
     learnt = corrections(session) if session is not None else None
-    plans = get_planning().quote(spec, now, learnt=learnt)
+    plans = planning.quote(spec, now, learnt=learnt)
     if not plans.plans:
         reason = plans.infeasible_reason
         raise Infeasible(reason.message if reason else "no plan meets the deadline and max_cost")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import pytest
+
 from tests.helpers import job_spec
 
 
@@ -44,3 +46,28 @@ def test_unknown_model_is_422_naming_workload(client, make_team):
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == ["body", "workload"]
     assert "known models" in response.json()["detail"][0]["msg"]
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        {"reference_gpu_hours": 1e-300},
+        {"reference_gpu_hours": 0.009},
+        {"model": "ResNet-50", "batch_size": 128, "steps": 1},
+    ],
+)
+def test_a_job_too_small_to_run_is_refused_naming_the_workload(client, make_team, workload):
+    _, team_key = make_team()
+    response = client.post("/v1/quotes", json=job_spec(workload=workload), headers=team_key)
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"][-1] == "workload"
+    assert "too small" in error["msg"] and "0.01 GPU-hours" in error["msg"]
+    submitted = client.post("/v1/jobs", json=job_spec(workload=workload), headers=team_key)
+    assert submitted.status_code == 422
+
+
+def test_the_smallest_job_is_admitted(client, make_team):
+    _, team_key = make_team()
+    spec = job_spec(workload={"reference_gpu_hours": 0.01}, max_cost="5.00")
+    assert client.post("/v1/jobs", json=spec, headers=team_key).status_code == 201

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 
 from broker.db.engine import make_engine
 from broker.db.migrate import downgrade, upgrade
-from tests.helpers import drop_postgres, fresh_postgres
+from tests.helpers import SPOT_PLAN, drop_postgres, fresh_postgres
 
 
 @pytest.fixture
@@ -88,15 +88,7 @@ JOB = sa.table(
     *(sa.column(name, sa.DateTime(timezone=True)) for name in ("deadline", "created_at")),
     sa.column("updated_at", sa.DateTime(timezone=True)),
 )
-WHERE = {
-    "provider": "aws",
-    "region": "us-east-1",
-    "zone": "use1-az1",
-    "instance_type": "p3.2xlarge",
-    "gpu": "V100",
-    "gpu_count": 1,
-    "market": "spot",
-}
+WHERE = SPOT_PLAN  # where the plan below runs
 # A plan as revision 0003 stored it (the API's decimal strings), and as 0004 stores it.
 STRING_PLAN = {
     **WHERE,
