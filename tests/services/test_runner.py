@@ -118,3 +118,31 @@ def test_a_restarted_broker_hands_a_retried_launch_the_token_the_api_accepts(
     session.expire_all()  # the runner changed the job in its own sessions
     done = report_progress(session, attempt.id, handed["token"], 10, None, clock.now())
     assert done.status == "running" and done.work_done == 10
+
+
+def test_the_lease_sweep_renews_leases_about_to_end_and_stops_lapsed_ones(
+    session, db_engine, clock, submit
+):
+    cloud = Cloud()
+    hands = runner(db_engine, cloud, "secret")  # 5 s ticks at x1: leases of 600 s
+    soon, later, lapsed = (submit(budget=10**9 + n) for n in range(3))
+    attempts = {}
+    for job, lease in ((soon, 600.0), (later, 3600.0), (lapsed, 60.0)):
+        attempt, _ = lifecycle.begin_attempt(
+            session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
+        )
+        lifecycle.launch_succeeded(
+            session, attempt.id, f"i-{job.id}", clock.now(), lease_seconds=lease
+        )
+        attempts[job.id] = attempt.id
+    clock.advance(595)  # soon's lease ends within the 10 s renewal window; lapsed's ended
+
+    assert hands.sweep_leases() == 2
+    session.expire_all()
+    renewed = session.get(Attempt, attempts[soon.id])
+    assert (renewed.lease_until - clock.now()).total_seconds() == pytest.approx(600.0)
+    untouched = session.get(Attempt, attempts[later.id])
+    assert untouched.billed_seconds == 0.0  # not due: left to its observation
+    stopped = session.get(Attempt, attempts[lapsed.id])
+    assert (stopped.status, stopped.end_reason) == ("ended", "lease")
+    assert f"i-{lapsed.id}" in cloud.terminated
