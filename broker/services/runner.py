@@ -10,6 +10,7 @@ hands ended attempts to ``calibration``.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -260,13 +261,13 @@ class Runner:
         report = TickReport()
         with self._session() as session:
             live = session.exec(
-                select(Attempt.id, Attempt.job_id)
+                select(Attempt.id, Attempt.job_id, Attempt.team_id)
                 .where(col(Attempt.status).in_((LAUNCHING, RUNNING)))
                 .order_by(col(Attempt.lease_until).asc().nulls_first(), col(Attempt.id))
             ).all()
-            report.observe = [attempt_id for attempt_id, _ in live]
-            busy = {job_id for _, job_id in live}
-            counts = live_counts(session)
+            report.observe = [attempt_id for attempt_id, _, _ in live]
+            busy = {job_id for _, job_id, _ in live}
+            counts = dict(Counter(team_id for _, _, team_id in live))  # as live_counts
             waiting = session.exec(
                 select(Job.id, Job.team_id).where(col(Job.status).in_(WAITING)).order_by(Job.id)
             ).all()
