@@ -76,8 +76,10 @@ def trickle(
             if not chunk:
                 break
             received += chunk
-            if not chunk.startswith(b"HTTP/1.1 408 "):
-                since = time.monotonic()  # an answer: the next head's deadline starts now
+            # A response before the 408 (possibly in several chunks): the next head's deadline
+            # starts when it ends. The 408 itself may arrive as head and body in two chunks.
+            if b"HTTP/1.1 408 " not in received:
+                since = time.monotonic()
         return received, time.monotonic() - since
 
 
