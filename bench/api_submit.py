@@ -33,6 +33,7 @@ SPEC = {
     "resources": {"gpus": 1},
     "deadline": "2027-06-01T00:00:00Z",
     "max_cost": "1.00",
+    "run": {"command": "python train.py --steps 1000"},
 }
 
 

@@ -2,7 +2,9 @@
 
 PostgreSQL + RabbitMQ (or the embedded SQLite + file transport with ``--embedded``), the API
 and N Celery workers as processes, moto and the GCE fake with replayed spot markets and
-injected faults, simulated training, a scaled clock. Jobs (0.5-3 reference GPU-hours, AWS
+injected faults, a scaled clock. Its instances are the light kind: no process each; one thread
+of the local cloud plays every instance's agent in-process (``providers.local.light``), so
+hundreds of jobs fit on a small machine. Jobs (0.5-3 reference GPU-hours, AWS
 and GCP, spot or auto) are submitted through the REST API, keeping at most
 ``--in-flight`` unfinished. Prints, then one JSON line last:
 
@@ -99,15 +101,17 @@ def main() -> None:
         workers=args.workers,
         concurrency=args.concurrency,
         fault_rate=args.fault_rate,
-        training_interval_seconds=0.5,
+        instance_runner="light",  # hundreds of real processes would swamp a small machine
         extra_env={"BROKER_CELERY_QUEUE": f"broker-soak-{secrets.token_hex(4)}"},
     )
     live_samples: list[int] = []
+    print("instances: light (in-process plays of the agent, no process per instance)")
     try:
         with stack:
             admin = BrokerClient(stack.api_url, stack.admin_token, timeout=60)
             team = admin.create_team("soak", "1000000.00", period="total")
             api = admin.with_token(admin.create_key(team["id"], "s")["token"])
+            workdir = api.upload_workdir(Path(__file__).resolve().parent.parent / "examples")
             submitted, refused, ids = 0, 0, []
             started = time.monotonic()
             engine = get_engine()
@@ -131,6 +135,7 @@ def main() -> None:
                         "deadline": (clock.now() + timedelta(hours=rng.uniform(8, 16))).isoformat(),
                         "max_cost": "80.00",
                         "market": rng.choice(["auto", "auto", "spot"]),
+                        "run": {"command": "python train.py", "workdir": workdir},
                     }
                     submitted += 1
                     try:
@@ -205,6 +210,7 @@ def main() -> None:
         "faults_injected": injected,
         "workers": args.workers,
         "scale": args.scale,
+        "instances": "light (in-process)",
     }
     print(f"jobs finished: {finished} of {submitted} ({refused} refused) in {wall:.0f} s")
     print(f"  statuses: {statuses}")

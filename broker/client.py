@@ -8,9 +8,14 @@ raises :class:`BrokerUnreachable`.
 
 from __future__ import annotations
 
+import gzip
+import io
+import os
+import tarfile
 from collections.abc import Iterator, Mapping
 from datetime import date
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, Literal, TypedDict, cast
 from urllib.parse import quote as _quote
 
@@ -20,6 +25,10 @@ Period = Literal["month", "total"]
 GroupBy = Literal["day", "job", "provider"]
 Money = str | Decimal | int  # USD: a Decimal is sent as a string, never a float
 When = date | str | None  # an aware datetime, or ISO 8601 text with an offset
+WORKDIR_LIMIT_BYTES = 64 * 1024 * 1024
+"""The broker's default limit of an uploaded workdir (``BROKER_WORKDIR_LIMIT_BYTES``)."""
+SKIPPED_DIRS = frozenset({".git", "__pycache__", ".venv"})
+SKIPPED_SUFFIXES = (".pyc",)
 
 
 class Budget(TypedDict):
@@ -87,6 +96,7 @@ class Attempt(_Offer):
     billed_seconds: float
     cost: str
     work_done: float
+    exit_code: int | None
 
 
 class Checkpoint(TypedDict):
@@ -128,6 +138,11 @@ class Job(_JobFields):
 class JobPage(TypedDict):
     items: list[JobSummary]
     next_cursor: str | None
+
+
+class Workdir(TypedDict):
+    workdir: str  # s3://<bucket>/workdirs/<team_id>/<sha256>.tar.gz: a spec's run.workdir
+    bytes: int
 
 
 class SpendRow(TypedDict):
@@ -230,6 +245,67 @@ def _id(value: str) -> str:
     return _quote(value, safe="")
 
 
+class WorkdirTooLarge(ValueError):
+    """A folder packs to more than the broker takes as a workdir."""
+
+
+def _skipped(name: str, is_dir: bool) -> bool:
+    return name in SKIPPED_DIRS if is_dir else name.endswith(SKIPPED_SUFFIXES)
+
+
+class _Checked:
+    """A file whose every read first checks the archive's size so far (a huge file stops
+    the packing at the limit, not after it is all compressed)."""
+
+    def __init__(self, data: Any, check: Any) -> None:
+        self._data, self._check = data, check
+
+    def read(self, size: int = -1) -> bytes:
+        self._check()
+        return bytes(self._data.read(size))
+
+
+def pack_workdir(folder: Path, limit_bytes: int = WORKDIR_LIMIT_BYTES) -> bytes:
+    """A folder as a tar.gz (its contents at the archive's top), without ``.git``,
+    ``__pycache__``, ``.venv`` and ``*.pyc``; the same files pack to the same bytes.
+    WorkdirTooLarge past ``limit_bytes``; NotADirectoryError if ``folder`` is none."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise NotADirectoryError(f"{root} is not a folder")
+    buffer = io.BytesIO()
+
+    def check() -> None:
+        if buffer.tell() > limit_bytes:
+            raise WorkdirTooLarge(
+                f"{root} packs to more than {limit_bytes / 2**20:.3g} MiB, the limit of a "
+                "workdir: leave data sets and outputs out of it (fetch them in the job's "
+                "setup) or pack a smaller folder"
+            )
+
+    # mtime=0 in the gzip header, sorted names, no owners: the same files, the same bytes
+    # (and the same object in the broker's bucket).
+    with (
+        gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped,
+        tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as archive,
+    ):
+        for current, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if not _skipped(d, True))
+            base = Path(current)
+            for name in [*dirs, *sorted(f for f in files if not _skipped(f, False))]:
+                path = base / name
+                info = archive.gettarinfo(str(path), path.relative_to(root).as_posix())
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                if info.isfile():
+                    with path.open("rb") as data:
+                        archive.addfile(info, _Checked(data, check))
+                elif info.isdir() or info.issym():
+                    archive.addfile(info)
+                check()
+    check()
+    return buffer.getvalue()
+
+
 class BrokerClient:
     """The broker's REST API as methods, with a bearer ``token`` (the admin token or a team
     key); ``transport`` replaces httpx's network transport (tests). Close it, or use it as a
@@ -275,13 +351,14 @@ class BrokerClient:
         json: Any = None,
         params: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
+        content: bytes | None = None,
     ) -> httpx.Response:
         """A successful response to ``method path``; BrokerApiError (or a subclass) otherwise."""
         query = {k: v for k, v in (params or {}).items() if v is not None}
         body = None if json is None else _jsonable(json)
         try:
             response = self._http.request(
-                method, path, json=body, params=query or None, headers=headers
+                method, path, json=body, params=query or None, headers=headers, content=content
             )
         except httpx.TimeoutException as error:
             message = f"the broker API at {self.base_url} did not answer in time"
@@ -389,6 +466,46 @@ class BrokerClient:
     def cancel_job(self, job_id: str) -> Job:
         """Cancel a job: its instances are terminated and its spend settled."""
         return cast(Job, self._json("POST", f"/v1/jobs/{_id(job_id)}/cancel"))
+
+    def upload_workdir(self, folder: Path | str, limit_bytes: int = WORKDIR_LIMIT_BYTES) -> str:
+        """Pack a folder (``pack_workdir``: no ``.git``, ``__pycache__``, ``.venv``, ``*.pyc``)
+        and upload it; returns its ``s3://`` URI for a job spec's ``run.workdir``.
+        WorkdirTooLarge when it packs to more than ``limit_bytes``."""
+        return self.upload_workdir_archive(pack_workdir(Path(folder), limit_bytes))["workdir"]
+
+    def upload_workdir_archive(self, archive: bytes) -> Workdir:
+        """``POST /v1/workdirs``: store a tar.gz as the team's workdir."""
+        headers = {"Content-Type": "application/gzip"}
+        return cast(Workdir, self._json("POST", "/v1/workdirs", content=archive, headers=headers))
+
+    def logs(self, job_id: str, attempt: str | None = None, tail: int | None = None) -> str:
+        """A job's program output: one ``attempt``'s, or every attempt's after a line
+        ``==> attempt <id> (<zone>, <market>) <==``; ``tail``: the last lines of each."""
+        params = {"attempt": attempt, "tail": tail}
+        return self.request("GET", f"/v1/jobs/{_id(job_id)}/logs", params=params).text
+
+    def follow_logs(
+        self, job_id: str, attempt: str | None = None, tail: int | None = None
+    ) -> Iterator[str]:
+        """``logs``, then the output as it comes, until the job has finished (or the broker's
+        ``BROKER_LOG_FOLLOW_SECONDS`` passed): text pieces, not necessarily whole lines."""
+        params = {"attempt": attempt, "tail": tail, "follow": "true"}
+        query = {k: v for k, v in params.items() if v is not None}
+        # No read timeout: a job may be silent for long between two lines.
+        timeout = httpx.Timeout(self.timeout, read=None)
+        path = f"/v1/jobs/{_id(job_id)}/logs"
+        try:
+            with self._http.stream("GET", path, params=query, timeout=timeout) as response:
+                if response.is_error:
+                    response.read()
+                    raise api_error(response)
+                yield from response.iter_text()
+        except httpx.TimeoutException as error:
+            message = f"the broker API at {self.base_url} did not answer in time"
+            raise BrokerUnreachable(message, "timeout") from error
+        except httpx.TransportError as error:
+            reason = " ".join(str(error).split()) or type(error).__name__
+            raise BrokerUnreachable(f"lost the broker API at {self.base_url} ({reason})") from error
 
     def spend(self, group_by: GroupBy = "day", start: When = None, end: When = None) -> Spend:
         """The team's spend in [start, end) grouped by day, job or provider, with a total."""

@@ -35,6 +35,30 @@ class Settings(BaseSettings):
     progress_skew_seconds: float = Field(
         default=120.0, ge=0, description="Clock skew allowed to agents' reports (broker s)."
     )
+    agent_silence_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description="Broker seconds an agent may be silent (after its boot grace) before its "
+        "attempt is declared lost and the job relaunched.",
+    )
+    agent_boot_grace_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        description="Extra broker seconds an instance has for its agent's first call.",
+    )
+    agent_report_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Broker seconds between an agent's progress reports (its heartbeat).",
+    )
+    agent_log_limit_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=0,
+        description="Program output kept per attempt; beyond it one truncation line is kept.",
+    )
+    agent_log_flush_seconds: float = Field(
+        default=2.0, gt=0, description="Wall seconds between an agent's log uploads."
+    )
 
     # Celery
     celery_broker_url: str | None = Field(
@@ -79,7 +103,43 @@ class Settings(BaseSettings):
     gcp_zones: list[str] = Field(
         default_factory=lambda: ["us-central1-a", "us-central1-b", "us-east1-b"]
     )
+    # What a real instance is launched with (providers/aws.py, providers/gcp.py)
+    aws_image_ids: dict[str, str] = Field(
+        default_factory=dict,
+        description='AMI per "<region>/<arch>" or "<arch>" (x86_64, arm64); default: the '
+        "newest Deep Learning Base OSS Nvidia Driver GPU AMI of the region.",
+    )
+    aws_image_owners: list[str] = Field(
+        default_factory=lambda: ["amazon"],
+        description="Owners whose AMIs the default image lookup considers.",
+    )
+    aws_instance_profile: str | None = Field(
+        default=None, description="IAM instance profile (name) the instances run with."
+    )
+    gcp_image_project: str = "deeplearning-platform-release"
+    gcp_image_families: dict[str, str] = Field(
+        default_factory=lambda: {"x86_64": "common-cu124-debian-11-py310"},
+        description="Deep Learning VM image family per architecture (x86_64, arm64).",
+    )
+    gcp_service_account: str | None = Field(
+        default=None, description="Service account email the instances run as."
+    )
     checkpoint_bucket: str = "broker-checkpoints"
+    workdir_limit_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        gt=0,
+        description="Largest workdir tar.gz POST /v1/workdirs takes (its body limit).",
+    )
+    workdir_unpacked_limit_bytes: int = Field(
+        default=1024 * 1024 * 1024,
+        gt=0,
+        description="Most bytes an uploaded workdir may unpack to (its files' sizes summed).",
+    )
+    log_follow_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Wall seconds GET /v1/jobs/{id}/logs?follow=true streams at most.",
+    )
 
     # Local cloud
     local_fault_rate: float = Field(default=0.0, ge=0, le=1)

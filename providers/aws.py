@@ -7,11 +7,11 @@ lifecycle bills from the broker's clock, so only use it to order or display laun
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -21,6 +21,7 @@ from botocore.config import Config
 from broker import clock
 from broker.settings import Settings
 from providers.aws_errors import call_aws
+from providers.aws_setup import IMAGE_NAMES, LaunchSetup
 from providers.base import (
     MANAGED_TAG,
     REASON_SPOT_PREEMPTED,
@@ -37,14 +38,18 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SPOT_TERMINATION_CODE = "Server.SpotInstanceTermination"
-DLAMI_OWNER = "898082745236"  # AWS's Deep Learning AMI account
-DLAMI_NAME = "Deep Learning*Ubuntu*"
+# IMDSv2 only; two hops so a program in a docker container on the instance still reaches it.
+METADATA_OPTIONS = {
+    "HttpTokens": "required",
+    "HttpEndpoint": "enabled",
+    "HttpPutResponseHopLimit": 2,
+}
 _LISTED_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
 _REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 
 
 # botocore logs every request's parameters ("Making request for ... with params") and every
-# response body at DEBUG. EC2 user data carries the attempt's agent token (the resume JSON,
+# response body at DEBUG. EC2 user data carries the attempt's agent token (the boot script,
 # base64-encoded, which no token pattern of the log handlers recognises), so its value is cut
 # out of those records before any handler sees them.
 _USER_DATA = re.compile(r"(?i)([\"']?user_?data[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9+/=%]+")
@@ -85,7 +90,13 @@ def client_token(token: str) -> str:
 
 
 class AwsProvider:
-    """EC2 instances for the broker: one boto3 client per region, retried on transient errors."""
+    """EC2 instances for the broker: one boto3 client per region, retried on transient errors.
+
+    Instances boot the request's script as user data, from the image for their region and
+    architecture (``aws_setup``), with IMDSv2 only, in the ``broker-instances`` security
+    group (no inbound rule), with ``instance_profile`` when given, and terminate when they
+    shut themselves down.
+    """
 
     name = "aws"
 
@@ -96,14 +107,17 @@ class AwsProvider:
         access_key_id: str | None = None,
         secret_access_key: str | None = None,
         regions: Sequence[str] = ("us-east-1",),
-        image_id: str | None = None,
-        image_ids: dict[str, str] | None = None,
+        image_ids: Mapping[str, str] | None = None,
+        image_owners: Sequence[str] = ("amazon",),
+        image_names: Mapping[str, str] = IMAGE_NAMES,
+        instance_profile: str | None = None,
         retry: RetryPolicy | None = None,
         connect_timeout: float = 5.0,
         read_timeout: float = 30.0,
     ) -> None:
         self.endpoint_url = endpoint_url
         self.regions = list(regions)
+        self.instance_profile = instance_profile
         self._session = boto3.session.Session(
             aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key
         )
@@ -113,12 +127,17 @@ class AwsProvider:
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
         )
-        self._image_id = image_id
-        self._images: dict[str, str] = dict(image_ids or {})
         self._retry = retry or RetryPolicy()
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[tuple[str, str], Any] = {}
         self._zones: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
+        self.setup = LaunchSetup(
+            self._client,
+            self._call,
+            image_ids=image_ids,
+            image_owners=image_owners,
+            image_names=image_names,
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> AwsProvider:
@@ -129,6 +148,9 @@ class AwsProvider:
             "access_key_id": settings.aws_access_key_id,
             "secret_access_key": secret.get_secret_value() if secret else None,
             "regions": settings.aws_regions,
+            "image_ids": settings.aws_image_ids,
+            "image_owners": settings.aws_image_owners,
+            "instance_profile": settings.aws_instance_profile,
         }
         options.update(overrides)
         return cls(**options)
@@ -136,22 +158,29 @@ class AwsProvider:
     def launch(self, request: LaunchRequest) -> InstanceRef:
         """RunInstances with a ClientToken from the attempt id (a repeat returns the same one)."""
         zone = self.resolve_zone(request.region, request.zone)
+        architecture = self.setup.architecture(request.region, request.instance_type)
         tags = {TAG_ATTEMPT: request.token, **request.tags}
         tag_list = [{"Key": k, "Value": str(v)} for k, v in tags.items()]
         params: dict[str, Any] = {
-            "ImageId": self._image_for(request.region),
+            "ImageId": self.setup.image(request.region, architecture),
             "InstanceType": request.instance_type,
             "MinCount": 1,
             "MaxCount": 1,
             "ClientToken": client_token(request.token),
             "Placement": {"AvailabilityZone": zone},
-            "UserData": json.dumps(request.user_data, sort_keys=True),
+            "SecurityGroupIds": [self.setup.security_group(request.region)],
+            "MetadataOptions": METADATA_OPTIONS,
+            # The boot script's power-off backstop then ends the bill.
             "InstanceInitiatedShutdownBehavior": "terminate",
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tag_list},
                 {"ResourceType": "volume", "Tags": tag_list},
             ],
         }
+        if request.boot_script:
+            params["UserData"] = request.boot_script  # boto3 base64-encodes it
+        if self.instance_profile:
+            params["IamInstanceProfile"] = {"Name": self.instance_profile}
         if request.market == "spot":
             params["InstanceMarketOptions"] = {
                 "MarketType": "spot",
@@ -231,35 +260,42 @@ class AwsProvider:
             raise ProviderError(f"zone {zone!r} is not a zone name or zone id of {region}")
         return known[zone]
 
-    def _image_for(self, region: str) -> str:
-        if region in self._images:
-            return self._images[region]
-        if self._image_id:
-            return self._image_id
-        client = self._client(region)
-        reply = self._call(
-            "DescribeImages",
-            lambda: client.describe_images(
-                Owners=[DLAMI_OWNER],
-                Filters=[
-                    {"Name": "name", "Values": [DLAMI_NAME]},
-                    {"Name": "state", "Values": ["available"]},
-                ],
-            ),
-        )
-        images = sorted(reply.get("Images", []), key=lambda i: i.get("CreationDate", ""))
-        if not images:
-            raise ProviderError(f"no Deep Learning AMI found in {region}; pass image_id")
-        self._images[region] = images[-1]["ImageId"]
-        return self._images[region]
+    # -- account checks (``broker doctor``) ----------------------------------------------
 
-    def _client(self, region: str) -> Any:
+    def caller_identity(self) -> str:
+        """The ARN the credentials belong to (STS GetCallerIdentity)."""
+        sts = self._client(self._home_region(), "sts")
+        return str(self._call("GetCallerIdentity", sts.get_caller_identity)["Arn"])
+
+    def instance_profile_arn(self, name: str) -> str:
+        """The ARN of the IAM instance profile ``name``; ``ProviderError`` if there is none."""
+        iam = self._client(self._home_region(), "iam")
+        reply = self._call(
+            "GetInstanceProfile", lambda: iam.get_instance_profile(InstanceProfileName=name)
+        )
+        return str(reply["InstanceProfile"]["Arn"])
+
+    def probe_bucket(self, bucket: str, region: str) -> str:
+        """Put and delete one small object in ``bucket``; returns the key it used."""
+        s3 = self._client(region, "s3")
+        key = f"broker-doctor/probe-{uuid.uuid4().hex}"
+        self._call("PutObject", lambda: s3.put_object(Bucket=bucket, Key=key, Body=b"probe"))
+        self._call("DeleteObject", lambda: s3.delete_object(Bucket=bucket, Key=key))
+        return key
+
+    def _home_region(self) -> str:
+        return self.regions[0] if self.regions else "us-east-1"
+
+    def _client(self, region: str, service: str = "ec2") -> Any:
         with self._lock:
-            if region not in self._clients:
-                self._clients[region] = self._session.client(
-                    "ec2", region_name=region, endpoint_url=self.endpoint_url, config=self._config
+            if (service, region) not in self._clients:
+                config = self._config
+                if service == "s3":  # as the checkpoint store addresses it (any endpoint)
+                    config = config.merge(Config(s3={"addressing_style": "path"}))
+                self._clients[(service, region)] = self._session.client(
+                    service, region_name=region, endpoint_url=self.endpoint_url, config=config
                 )
-            return self._clients[region]
+            return self._clients[(service, region)]
 
     def _call(self, action: str, fn: Callable[[], T]) -> T:
         return call_aws(self._retry, action, fn)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from broker.core.errors import BrokerError
 
@@ -60,7 +60,12 @@ class ObjectNotFound(ProviderError):
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """One instance to launch; ``token`` (the attempt id) makes the launch idempotent."""
+    """One instance to launch; ``token`` (the attempt id) makes the launch idempotent.
+
+    ``boot_script`` (``providers.boot``) is what the instance runs at boot: EC2 user data,
+    GCE metadata ``startup-script``; empty launches a machine that runs nothing of ours.
+    It carries the attempt's agent token, so it is never logged.
+    """
 
     token: str
     provider: str
@@ -71,7 +76,7 @@ class LaunchRequest:
     gpu: str
     gpu_count: int = 1
     tags: dict[str, str] = field(default_factory=dict)
-    user_data: dict[str, Any] = field(default_factory=dict)
+    boot_script: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if not self.token:

@@ -14,7 +14,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
@@ -34,17 +34,20 @@ from providers.base import (
     InstanceRef,
     InstanceState,
     LaunchRequest,
+    ProviderError,
     TransientError,
     sanitize_label,
 )
 from providers.gcp_errors import operation_error, to_domain_error
-from providers.gcp_instance import instance_resource
+from providers.gcp_instance import architecture, instance_resource
 from providers.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 API_BASE = "https://www.googleapis.com/compute/v1"
+IMAGE_PROJECT = "deeplearning-platform-release"
+IMAGE_FAMILIES = {"x86_64": "common-cu124-debian-11-py310"}
 PREEMPTED_OPERATION = "compute.instances.preempted"
 _NAMESPACE = uuid.UUID("6f1c2d4e-9a51-4c43-8d0e-5b3c1e7a2f90")
 _ENDED = {"STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED"}
@@ -62,12 +65,22 @@ def request_id(token: str, action: str = "insert") -> str:
     return str(uuid.uuid5(_NAMESPACE, f"{action}:{token}"))
 
 
+def is_local_endpoint(endpoint_url: str | None) -> bool:
+    """Whether the endpoint is a plain-http fake (anonymous credentials), not Google's API."""
+    return bool(endpoint_url and endpoint_url.startswith("http://"))
+
+
 def _time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
 
 
 class GcpProvider:
-    """Compute Engine instances for the broker in one project, retried on transient errors."""
+    """Compute Engine instances for the broker in one project, retried on transient errors.
+
+    Instances boot a Deep Learning VM image (the family for their architecture), install the
+    NVIDIA driver at boot, run the request's boot script as ``startup-script`` and, when
+    ``service_account`` is given, run as that account with read-write Cloud Storage.
+    """
 
     name = "gcp"
 
@@ -79,8 +92,9 @@ class GcpProvider:
         endpoint_url: str | None = None,
         credentials: Credentials | None = None,
         termination_action: Literal["DELETE", "STOP"] = "DELETE",
-        image: str = "projects/deeplearning-platform-release/global/images/family/"
-        "common-cu124-debian-11-py310",
+        image_project: str = IMAGE_PROJECT,
+        image_families: Mapping[str, str] = IMAGE_FAMILIES,
+        service_account: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float = 30.0,
         operation_timeout: float = 300.0,
@@ -88,7 +102,9 @@ class GcpProvider:
         self.project = project
         self.zones = list(zones)
         self.termination_action = termination_action
-        self.image = image
+        self.image_project = image_project
+        self.image_families = dict(image_families)
+        self.service_account = service_account
         self._retry = retry or RetryPolicy()
         self._timeout = timeout
         self._operation_timeout = operation_timeout
@@ -96,6 +112,8 @@ class GcpProvider:
         kwargs: dict[str, Any] = {"credentials": credentials, "client_options": options}
         self._instances = compute_v1.InstancesClient(transport="rest", **kwargs)
         self._operations = compute_v1.ZoneOperationsClient(transport="rest", **kwargs)
+        self._zones_client = compute_v1.ZonesClient(transport="rest", **kwargs)
+        self._images = compute_v1.ImagesClient(transport="rest", **kwargs)
         self._lock = threading.Lock()
 
     @classmethod
@@ -106,9 +124,10 @@ class GcpProvider:
             "project": settings.gcp_project,
             "zones": settings.gcp_zones,
             "endpoint_url": endpoint,
-            "credentials": AnonymousCredentials()
-            if endpoint and endpoint.startswith("http://")
-            else None,
+            "credentials": AnonymousCredentials() if is_local_endpoint(endpoint) else None,
+            "image_project": settings.gcp_image_project,
+            "image_families": settings.gcp_image_families,
+            "service_account": settings.gcp_service_account,
         }
         options.update(overrides)
         return cls(**options)
@@ -121,9 +140,9 @@ class GcpProvider:
             name=name,
             request=request,
             labels={sanitize_label(k, key=True): sanitize_label(str(v)) for k, v in labels.items()},
-            resume=json.dumps(request.user_data, sort_keys=True),
             termination_action=self.termination_action,
-            image=self.image,
+            image=self.image(architecture(request.instance_type)),
+            service_account=self.service_account,
         )
         insert = compute_v1.InsertInstanceRequest(
             project=self.project,
@@ -217,6 +236,39 @@ class GcpProvider:
             for instance in scoped.instances:
                 refs.append(InstanceRef("gcp", zone.rsplit("-", 1)[0], zone, instance.name))
         return refs
+
+    def image(self, arch: str) -> str:
+        """The boot image for machines of ``arch``: the newest of its image family."""
+        family = self.image_families.get(arch)
+        if family is None:
+            example = json.dumps({arch: f"<an image family of {self.image_project}>"})
+            raise ProviderError(
+                f"no GCP image family for {arch} machines: "
+                f"set BROKER_GCP_IMAGE_FAMILIES='{example}'"
+            )
+        return f"projects/{self.image_project}/global/images/family/{family}"
+
+    # -- account checks (``broker doctor``) ----------------------------------------------
+
+    def zone_names(self) -> list[str]:
+        """The zones the project sees (zones.list): proves the endpoint and credentials."""
+
+        def fetch() -> list[str]:
+            pager = self._zones_client.list(project=self.project, retry=None, timeout=self._timeout)
+            return [zone.name for zone in pager]
+
+        return self._call("zones.list", fetch)
+
+    def image_from_family(self, arch: str) -> str:
+        """The name of the image ``image(arch)`` boots today (images.getFromFamily)."""
+        family = self.image(arch).rsplit("/", 1)[-1]
+        found = self._call(
+            "images.getFromFamily",
+            lambda: self._images.get_from_family(
+                project=self.image_project, family=family, retry=None, timeout=self._timeout
+            ),
+        )
+        return str(found.name)
 
     def _describe_gone(self, ref: InstanceRef) -> InstanceState:
         history = self._history(ref)

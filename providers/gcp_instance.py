@@ -6,7 +6,14 @@ from google.cloud import compute_v1
 
 from providers.base import LaunchRequest, ProviderError
 
-RESUME_METADATA_KEY = "broker-resume"
+BOOT_METADATA_KEY = "startup-script"
+# Deep Learning VM images install the NVIDIA driver at first boot when asked to.
+DRIVER_METADATA = {"install-nvidia-driver": "True"}
+STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+X86_64 = "x86_64"
+ARM64 = "arm64"
+# Machine series with Arm CPUs (A4X: Grace with B200 GPUs; C4A: Axion; T2A: Ampere Altra).
+ARM64_FAMILIES = ("a4x-", "c4a-", "t2a-")
 
 # GPUs that attach to N1 machine types as guest accelerators.
 N1_ACCELERATORS = {
@@ -17,7 +24,7 @@ N1_ACCELERATORS = {
     "K80": "nvidia-tesla-k80",
 }
 # Accelerator-optimized families come with their GPUs built in.
-BUNDLED_GPU_FAMILIES = ("a2-", "a3-", "a4-", "g2-", "g4-")
+BUNDLED_GPU_FAMILIES = ("a2-", "a3-", "a4-", "a4x-", "g2-", "g4-")
 
 
 def guest_accelerators(
@@ -39,17 +46,24 @@ def guest_accelerators(
     ]
 
 
+def architecture(machine_type: str) -> str:
+    """``arm64`` for an Arm machine series (``a4x-highgpu-4g``), else ``x86_64``."""
+    return ARM64 if machine_type.startswith(ARM64_FAMILIES) else X86_64
+
+
 def instance_resource(
     *,
     name: str,
     request: LaunchRequest,
     labels: dict[str, str],
-    resume: str,
     termination_action: str,
     image: str,
+    service_account: str | None = None,
     boot_disk_gb: int = 100,
 ) -> compute_v1.Instance:
-    """The ``Instance`` body for ``instances.insert``."""
+    """The ``Instance`` body for ``instances.insert``: the request's boot script as its
+    ``startup-script``, the NVIDIA driver installed at boot, ``service_account`` (with
+    read-write Cloud Storage) when given."""
     spot = request.market == "spot"
     scheduling = compute_v1.Scheduling(
         provisioning_model="SPOT" if spot else "STANDARD",
@@ -57,7 +71,18 @@ def instance_resource(
         automatic_restart=not spot,
     )
     if spot:
+        # What a preemption does. A power-off from inside (the boot script's backstop) stops
+        # the instance whatever the market: its machine is no longer billed, and the broker
+        # deletes it, disk and all, when it ends the attempt.
         scheduling.instance_termination_action = termination_action
+    metadata = dict(DRIVER_METADATA)
+    if request.boot_script:
+        metadata[BOOT_METADATA_KEY] = request.boot_script
+    accounts = (
+        [compute_v1.ServiceAccount(email=service_account, scopes=[STORAGE_SCOPE])]
+        if service_account
+        else []
+    )
     boot = compute_v1.AttachedDisk(
         boot=True,
         auto_delete=True,
@@ -70,12 +95,21 @@ def instance_resource(
         machine_type=f"zones/{request.zone}/machineTypes/{request.instance_type}",
         labels=labels,
         metadata=compute_v1.Metadata(
-            items=[compute_v1.Items(key=RESUME_METADATA_KEY, value=resume)]
+            items=[compute_v1.Items(key=k, value=v) for k, v in metadata.items()]
         ),
+        service_accounts=accounts,
         scheduling=scheduling,
         guest_accelerators=guest_accelerators(
             request.zone, request.instance_type, request.gpu, request.gpu_count
         ),
         disks=[boot],
-        network_interfaces=[compute_v1.NetworkInterface(network="global/networks/default")],
+        network_interfaces=[
+            compute_v1.NetworkInterface(
+                network="global/networks/default",
+                # An external address: the agent reaches the broker's API and the store.
+                access_configs=[
+                    compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")
+                ],
+            )
+        ],
     )

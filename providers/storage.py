@@ -41,6 +41,7 @@ class S3CheckpointStore:
         config = Config(
             retries={"mode": "standard", "total_max_attempts": 1},
             s3={"addressing_style": "path"},
+            signature_version="s3v4",  # presigned URLs: SigV4, accepted in every region
         )
         self._s3 = session.client(
             "s3", region_name=region, endpoint_url=endpoint_url, config=config
@@ -83,6 +84,27 @@ class S3CheckpointStore:
         """Read one checkpoint object; ``ObjectNotFound`` if there is none."""
         reply = self._call("GetObject", lambda: self._s3.get_object(Bucket=self.bucket, Key=key))
         return bytes(reply["Body"].read())
+
+    def presigned_get(self, key: str, seconds: float) -> str:
+        """A URL that downloads ``key`` with a plain GET for ``seconds`` (wall clock), no
+        credentials needed (an instance restoring a checkpoint or fetching its workdir)."""
+        return self._presigned("get_object", key, seconds)
+
+    def presigned_put(self, key: str, seconds: float) -> str:
+        """A URL that stores one object at ``key`` with a plain PUT for ``seconds`` (wall
+        clock): how an instance uploads a checkpoint without credentials of its own."""
+        return self._presigned("put_object", key, seconds)
+
+    def _presigned(self, method: str, key: str, seconds: float) -> str:
+        # Signing is local (no call to S3), so there is nothing to retry.
+        return str(
+            self._s3.generate_presigned_url(
+                method,
+                Params={"Bucket": self.bucket, "Key": key},
+                ExpiresIn=max(1, int(seconds)),
+                HttpMethod="GET" if method == "get_object" else "PUT",
+            )
+        )
 
     def list_keys(self, prefix: str) -> list[str]:
         """Every key under ``prefix``, oldest first."""

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from broker.services.plans import ChosenPlan
+from providers.retry import FAST_RETRY
+from providers.storage import S3CheckpointStore
 
 # A spot plan on the bundled catalog's cheapest V100 (p3.2xlarge in use1-az1), at its price.
 SPOT_PLAN = {
@@ -23,6 +26,8 @@ SPOT_PLAN = {
     "market": "spot",
 }
 SPOT_PRICE = 918_000  # micro-dollars per hour: $0.918/h
+# The program every test job runs (a job spec's required ``run`` block).
+RUN = {"command": "python train.py --steps 40000"}
 # The spend lease the tests grant: longer than any clock jump between two observations.
 LEASE = 3 * 3600.0
 
@@ -72,8 +77,17 @@ def job_spec(**overrides: object) -> dict:
         "max_cost": "250.00",
         "market": "auto",
         "checkpoint": {"interval_minutes": 30, "size_gb": 5},
+        "run": dict(RUN),
     }
     spec.update(overrides)
+    return spec
+
+
+def quote_spec(**overrides: object) -> dict:
+    """``job_spec`` without its ``run`` block (a quote needs none)."""
+    spec = job_spec(**overrides)
+    if "run" not in overrides:
+        del spec["run"]
     return spec
 
 
@@ -89,3 +103,33 @@ def reachable(port: int) -> bool:
     with socket.socket() as probe:
         probe.settimeout(0.5)
         return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextmanager
+def moto_s3() -> Iterator[str]:
+    """A moto S3 server on a free loopback port, for the test's duration; yields its URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def moto_store(endpoint: str, bucket: str | None = None) -> S3CheckpointStore:
+    """The broker's bucket (``settings.checkpoint_bucket`` unless given) on a moto server,
+    created."""
+    from broker.settings import get_settings
+
+    store = S3CheckpointStore(
+        bucket or get_settings().checkpoint_bucket,
+        endpoint_url=endpoint,
+        access_key_id="testing",
+        secret_access_key="testing",
+        retry=FAST_RETRY,
+    )
+    store.ensure_bucket()
+    return store

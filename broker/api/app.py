@@ -7,7 +7,17 @@ from fastapi import FastAPI
 from broker.api import ui
 from broker.api.errors import install_error_handlers
 from broker.api.limits import BodyLimits
-from broker.api.routes import attempts, budget, health, jobs, metrics, quotes, teams
+from broker.api.routes import (
+    agent,
+    attempts,
+    budget,
+    health,
+    jobs,
+    metrics,
+    quotes,
+    teams,
+    workdirs,
+)
 from broker.api.ui_security import DashboardHeaders
 from broker.settings import get_settings
 
@@ -19,7 +29,7 @@ def create_app() -> FastAPI:
         version="1",
         description="Deadline- and budget-aware GPU job broker (see API.md).",
     )
-    for module in (teams, jobs, quotes, budget, attempts, health, metrics):
+    for module in (teams, jobs, quotes, budget, attempts, agent, workdirs, health, metrics):
         app.include_router(module.router)
     app.include_router(ui.router)
     app.mount(f"{ui.BASE}/static", ui.static, name="ui-static")
@@ -30,6 +40,10 @@ def create_app() -> FastAPI:
         BodyLimits,
         max_bytes=settings.max_body_bytes,
         timeout_seconds=settings.body_timeout_seconds,
+        path_limits={
+            attempts.LOGS_PATH: attempts.LOG_BODY_BYTES,
+            workdirs.PATH: settings.workdir_limit_bytes,
+        },
     )
     return app
 

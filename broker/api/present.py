@@ -101,6 +101,7 @@ def attempt_out(attempt: Attempt) -> AttemptOut:
         billed_seconds=attempt.billed_seconds,
         cost=format_usd(attempt.cost_micros),
         work_done=attempt.work_done,
+        exit_code=attempt.exit_code,
     )
 
 

@@ -102,6 +102,7 @@ class AttemptOut(BaseModel):
     billed_seconds: float
     cost: str
     work_done: float
+    exit_code: int | None = None
 
 
 class CheckpointOut(BaseModel):

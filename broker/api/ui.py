@@ -13,7 +13,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Cookie, Form, Request
+from fastapi import APIRouter, Cookie, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -22,9 +22,11 @@ from broker.api import ui_security
 from broker.api.deps import NowDep, SessionDep
 from broker.core.job_status import is_terminal
 from broker.db.models import Team
-from broker.services import dashboard
+from broker.services import agent_channel, dashboard, job_logs
 from broker.services.plans import ChosenPlan, job_plan
 from broker.services.teams import Principal
+from providers.base import ProviderError
+from providers.storage import S3CheckpointStore
 
 BASE = "/ui"
 COOKIE = ui_security.COOKIE
@@ -33,6 +35,8 @@ templates = Jinja2Templates(directory=str(HERE / "templates"))
 static = StaticFiles(directory=str(HERE / "static"))
 router = APIRouter(prefix=BASE, include_in_schema=False)
 REFRESH_SECONDS = 5
+LOG_LINES = 50
+StoreDep = Annotated[S3CheckpointStore, Depends(agent_channel.get_store)]
 
 
 def _principal(session: Any, cookie: str | None) -> Principal | None:
@@ -173,9 +177,27 @@ def overview(
     )
 
 
+def _log_view(session: Any, store: S3CheckpointStore, job_id: str) -> dict[str, str | None]:
+    """The last lines of the latest attempt's output that has any (the template escapes it)."""
+    try:
+        latest = job_logs.latest_log(session, store, job_id, LOG_LINES)
+    except ProviderError:
+        return {"title": None, "text": None, "note": "log unavailable: the store did not answer"}
+    if latest is None:
+        return {"title": None, "text": None, "note": "no log yet"}
+    attempt, text = latest
+    title = f"attempt {attempt.id} ({attempt.zone}, {attempt.market}), last {LOG_LINES} lines"
+    return {"title": title, "text": text, "note": None}
+
+
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(
-    job_id: str, request: Request, session: SessionDep, now: NowDep, token: TokenCookie = None
+    job_id: str,
+    request: Request,
+    session: SessionDep,
+    now: NowDep,
+    store: StoreDep,
+    token: TokenCookie = None,
 ) -> Response:
     principal = _principal(session, token)
     if principal is None:
@@ -231,6 +253,7 @@ def job_page(
         viewer=_viewer(principal, teams),
         job=view,
         attempts=attempts,
+        log=_log_view(session, store, job.id),
         chart_data=chart_data,
         refresh=None if is_terminal(job.status) else REFRESH_SECONDS,
     )

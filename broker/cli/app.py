@@ -29,7 +29,8 @@ def serve(
     """The whole broker on this machine, on local clouds, for trying it by hand.
 
     API, Celery worker and beat, moto and the GCE fake with replayed spot markets, and
-    simulated training, all on the embedded default (SQLite and files in ./.broker).
+    instances that run the agent and the jobs' programs, all on the embedded default (SQLite
+    and files in ./.broker).
     """
     import signal
     import threading
@@ -132,6 +133,15 @@ def _register_client() -> None:
 
 
 _register_client()
+
+
+def _register_doctor() -> None:
+    from broker.cli.doctor import doctor
+
+    app.command("doctor")(doctor)
+
+
+_register_doctor()
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""``broker jobs``: submit, list, show, cancel and watch jobs (``BROKER_API_TOKEN``: a team
-key)."""
+"""``broker jobs``: submit, list, show, cancel and watch jobs and read their logs
+(``BROKER_API_TOKEN``: a team key)."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.live import Live
@@ -13,16 +15,29 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.cli.api import connect
-from broker.cli.output import console, duration, fields, plan, row, table, usd, when
+from broker.cli.output import console, duration, fail, fields, plan, row, table, usd, when
 from broker.cli.specfile import JOB_FILE, load_spec
-from broker.client import Job
+from broker.client import BrokerClient, Job, WorkdirTooLarge
 from broker.core.job_status import TERMINAL, JobStatus
 
 jobs_app = typer.Typer(
-    help="Submit, list, show, cancel and watch jobs (BROKER_API_TOKEN: a team key).",
+    help="Submit, list, show, cancel and watch jobs and read their logs "
+    "(BROKER_API_TOKEN: a team key).",
     no_args_is_help=True,
 )
 UNFINISHED = [s.value for s in JobStatus if s not in TERMINAL]
+
+
+def _with_workdir(api: BrokerClient, spec: dict[str, Any], folder: Path) -> None:
+    """Pack and upload ``folder``; the spec's ``run.workdir`` becomes its URI."""
+    run = spec.get("run")
+    if not isinstance(run, dict):
+        fail("--workdir needs a run block in the job spec (run: {command: ...})")
+    try:
+        run["workdir"] = api.upload_workdir(folder)
+    except (WorkdirTooLarge, OSError) as error:
+        fail(str(error))
+    console(stderr=True).print(Text(f"uploaded {folder} as {run['workdir']}"))
 
 
 @jobs_app.command("submit")
@@ -31,10 +46,19 @@ def jobs_submit(
     idempotency_key: str | None = typer.Option(
         None, help="Submitting again with the same key and spec returns the same job."
     ),
+    workdir: Path | None = typer.Option(
+        None,
+        exists=True,
+        file_okay=False,
+        help="Pack this folder (without .git, __pycache__, .venv, *.pyc; at most 64 MiB as "
+        "tar.gz), upload it and run the job's program in it (sets run.workdir).",
+    ),
 ) -> None:
     """Submit a job: the broker reserves its worst-case cost and launches the best plan."""
     with connect("team") as api:
         spec = load_spec(job_file)
+        if workdir is not None:
+            _with_workdir(api, spec, workdir)
         if idempotency_key:
             job, created = api.submit_job_idempotent(spec, idempotency_key)
         else:
@@ -100,6 +124,7 @@ def jobs_show(job_id: str = typer.Argument(..., help="Job id.")) -> None:
                 job["status"] + (f" ({job['status_reason']})" if job["status_reason"] else ""),
             ),
             ("plan", plan(job["plan"])),
+            ("program", (job["spec"].get("run") or {}).get("command") or "-"),
             (
                 "progress",
                 f"{progress['work_done']:,.0f} / {progress['total_work']:,.0f} "
@@ -154,6 +179,32 @@ def jobs_show(job_id: str = typer.Argument(..., help="Job id.")) -> None:
             usd(a["cost"]),
         )
     out.print(grid if job["attempts"] else Text("no attempts yet"))
+
+
+@jobs_app.command("logs")
+def jobs_logs(
+    job_id: str = typer.Argument(..., help="Job id."),
+    attempt: str | None = typer.Option(None, help="Only this attempt's log."),
+    tail: int | None = typer.Option(
+        None, min=1, max=10_000, help="Only the last N lines (of each attempt's log)."
+    ),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Keep printing new output until the job has finished."
+    ),
+) -> None:
+    """The job's program output, every attempt's after a line ``==> attempt <id> (<zone>,
+    <market>) <==`` (or one --attempt's)."""
+    with connect("team") as api:
+        if not follow:
+            sys.stdout.write(api.logs(job_id, attempt, tail))
+            sys.stdout.flush()
+            return
+        try:
+            for piece in api.follow_logs(job_id, attempt, tail):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
 
 
 @jobs_app.command("cancel")

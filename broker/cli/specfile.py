@@ -15,10 +15,10 @@ from broker.core.timespan import is_span, parse_span
 
 SPEC_HELP = (
     "YAML job spec with the fields of POST /v1/jobs (name, workload, resources, deadline, "
-    "max_cost, ...). deadline: an ISO time with an offset, or a span the broker counts from "
-    "its clock when it admits the job (so a scaled demo clock is honoured, and a retry with "
-    "the same --idempotency-key is the same job) as +8h, +90m, +2d or +1d12h; max_cost may "
-    "be a number or a string."
+    "max_cost, run: {command, setup, image, env, workdir}, ...). deadline: an ISO time with "
+    "an offset, or a span the broker counts from its clock when it admits the job (so a "
+    "scaled demo clock is honoured, and a retry with the same --idempotency-key is the same "
+    "job) as +8h, +90m, +2d or +1d12h; max_cost may be a number or a string."
 )
 JOB_FILE = typer.Argument(..., exists=True, dir_okay=False, readable=True, help=SPEC_HELP)
 

@@ -122,6 +122,15 @@ class Attempt(SQLModel, table=True):
     # Spend is granted up to here (broker clock): booking stops at it, the beat's lease sweep
     # renews it within the job's money, and an attempt whose lease lapses is stopped.
     lease_until: datetime | None = _ts(nullable=True, index=True)
+    # The agent's last accepted call (broker clock): an agent silent for too long is lost.
+    last_heard_at: datetime | None = _ts(nullable=True)
+    exit_code: int | None = None  # the training program's, as its agent reported it
+    # The program's output stored so far (bytes, with the truncation line) and in how many
+    # chunks: the next chunk's number and the log limit's count.
+    log_bytes: int = Field(
+        default=0, sa_column=Column(BigInteger, nullable=False, server_default="0")
+    )
+    log_chunks: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     created_at: datetime = _ts()
 
 

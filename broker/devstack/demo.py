@@ -1,8 +1,10 @@
 """``broker demo``: the whole broker on this machine, about twenty jobs, a live view, a summary.
 
-Everything goes through the REST API, as a team would use it: two teams with budgets,
-quotes (for the on-demand-only cost each job is compared with), submissions (one refused
-for the team's budget, one as infeasible), then a live table until every job has finished.
+Everything goes through the REST API, as a team would use it: two teams with budgets, each
+uploading the ``examples/`` folder once as its jobs' workdir, quotes (for the on-demand-only
+cost each job is compared with), submissions (one refused for the team's budget, one as
+infeasible), then a live table until every job has finished. Every job's program is
+``examples/train.py``; one exits with code 3 on both of its tries and ends ``failed``.
 A spot outage in the most used zone at about one simulated hour shows preemptions and
 resumption from checkpoints on top of what the replayed real traces do.
 """
@@ -25,11 +27,21 @@ from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+import broker
 from broker import clock
 from broker.bundled import bundled_throughput_model
 from broker.client import BrokerApiError, BrokerClient, BrokerUnreachable
 from broker.core.job_status import TERMINAL
 from broker.core.throughput import Workload
+
+EXAMPLES = Path(broker.__file__).resolve().parent.parent / "examples"
+"""The folder every demo job runs in (uploaded once per team): ``train.py`` is its program."""
+FAILING_EXIT_CODE = 3
+PROGRAM_STEPS = 2000
+"""Steps of ``train.py`` per job, whatever its workload (each step is that much of the work):
+twenty-odd real programs then fit on a small machine beside the broker."""
+QUIET_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+"""One numpy thread per program: many small programs share the machine better so."""
 
 
 @dataclass
@@ -38,7 +50,7 @@ class DemoJob:
 
     team: str
     spec: dict[str, Any]
-    expect: str = "accepted"  # accepted | over_budget | infeasible
+    expect: str = "accepted"  # accepted | over_budget | infeasible | fails
     id: str | None = None
     refusal: str | None = None
     on_demand_cost: Decimal | None = None
@@ -74,6 +86,10 @@ def demo_jobs(now: datetime) -> list[DemoJob]:
         }
         body.update(extra)
         return body
+
+    def run(seed: int, *flags: str) -> dict[str, Any]:
+        command = ["python train.py", f"--seed {seed}", f"--steps {PROGRAM_STEPS}", *flags]
+        return {"command": " ".join(command), "env": dict(QUIET_ENV)}
 
     def model(name: str, batch: int, gpu: str, gpus: int, hours: float) -> dict[str, Any]:
         return {"model": name, "batch_size": batch, "steps": _steps(name, batch, gpu, gpus, hours)}
@@ -141,7 +157,32 @@ def demo_jobs(now: datetime) -> list[DemoJob]:
             expect="infeasible",
         )
     )
+    for seed, job in enumerate(jobs, start=1):
+        job.spec["run"] = run(seed)
+    crash = spec("resnet18-crashes", model("ResNet-18", 256, "V100", 1, 0.5), 6, "10.00")
+    crash["run"] = run(
+        len(jobs) + 1,
+        f"--fail-at-step {PROGRAM_STEPS // 2}",
+        f"--exit-code {FAILING_EXIT_CODE}",
+    )
+    crash["max_restarts_on_errors"] = 1
+    jobs.append(DemoJob("vision", crash, expect="fails"))
     return jobs
+
+
+def unmet_expectation(job: DemoJob) -> str | None:
+    """What went against the demo's plan for ``job`` (None when it went as expected)."""
+    if (job.expect in ("accepted", "fails")) != (job.refusal is None):
+        return f"{job.spec['name']} should be {job.expect}: {job.refusal or 'admitted'}"
+    if job.expect == "fails" and job.final:
+        reason = job.final.get("status_reason") or ""
+        if job.final.get("status") != "failed" or f"exit code {FAILING_EXIT_CODE}" not in reason:
+            status = job.final.get("status")
+            return (
+                f"{job.spec['name']} should fail with exit code {FAILING_EXIT_CODE}, "
+                f"not {status} ({reason})"
+            )
+    return None
 
 
 class DemoClient:
@@ -152,15 +193,18 @@ class DemoClient:
         self.teams: dict[str, BrokerClient] = {}
         self.tokens: dict[str, str] = {}
         self.team_ids: dict[str, str] = {}
+        self.workdirs: dict[str, str] = {}
 
     def team(self, name: str, limit: str) -> None:
         team = self.admin.create_team(name, limit, "month", 0.8)
         self.team_ids[name] = team["id"]
         self.tokens[name] = self.admin.create_key(team["id"], "demo")["token"]
         self.teams[name] = self.admin.with_token(self.tokens[name])
+        self.workdirs[name] = self.teams[name].upload_workdir(EXAMPLES)
 
     def submit(self, job: DemoJob) -> None:
         api = self.teams[job.team]
+        job.spec["run"].setdefault("workdir", self.workdirs[job.team])
         try:
             cheapest = api.quote(job.spec)["cheapest_on_demand"]
         except BrokerUnreachable:
@@ -330,8 +374,8 @@ def run_demo(
         for job in jobs:
             if job.refusal:
                 console.print(f"[yellow]refused[/yellow] {job.spec['name']}: {job.refusal}")
-            if (job.expect == "accepted") != (job.refusal is None):
-                console.print(f"[red]unexpected[/red]: {job.spec['name']} should be {job.expect}")
+            if surprise := unmet_expectation(job):
+                console.print(f"[red]unexpected[/red]: {surprise}")
         admitted = [j for j in jobs if j.id is not None]
         outage_at = clock.now() + timedelta(hours=1)
         outage: str | None = None
@@ -363,6 +407,13 @@ def run_demo(
         for job in jobs:
             if job.refusal:
                 console.print(f"refused as expected: {job.spec['name']}: {job.refusal}")
+        surprises = [s for s in map(unmet_expectation, jobs) if s]
+        for job in admitted:
+            if job.expect == "fails" and not unmet_expectation(job):
+                reason = job.final.get("status_reason")
+                console.print(f"failed as expected: {job.spec['name']}: {reason}")
+        for surprise in surprises:
+            console.print(f"[red]unexpected[/red]: {surprise}")
         unfinished = [j.spec["name"] for j in admitted if j.final.get("status") not in TERMINAL]
         deadline = time.monotonic() + 15
         left = stack.running_instances()
@@ -391,4 +442,4 @@ def run_demo(
         if not left
         else f"[red]instances still running: {left}[/red]"
     )
-    return not unfinished and not left
+    return not unfinished and not left and not surprises

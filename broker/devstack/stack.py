@@ -1,10 +1,12 @@
-"""The whole broker on one machine: API, Celery worker and beat, local clouds, simulated training.
+"""The whole broker on one machine: API, Celery worker and beat, local clouds and their instances.
 
 Used by ``broker demo``, ``broker serve`` and the end-to-end tests. The API and the Celery
-worker (with beat inside it) run as subprocesses, as in production; the local clouds, the
-market replay and the simulated training agents run in this process. Every process reads
-the same ``BROKER_*`` environment, so they share the database, the Celery transport and the
-scaled clock's epoch.
+worker (with beat inside it) run as subprocesses, as in production; the local clouds and the
+market replay run in this process, and every instance they launch runs its boot script (the
+agent, then the job's command) as a process group of its own under ``<data dir>/instances``
+(or, with ``instance_runner="light"``, as an in-process play of the agent). Every broker
+process reads the same ``BROKER_*`` environment, so they share the database, the Celery
+transport and the scaled clock's epoch; instances get none of it.
 
 A supervisor thread starts a worker again when it exits unexpectedly (with a growing pause
 if it keeps dying). No child outlives the stack: each gets SIGTERM when the stack's process
@@ -25,7 +27,7 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker import clock
 from broker.clock import ScaledClock
@@ -38,6 +40,9 @@ from broker.devstack.processes import (
 )
 from broker.private_files import AGENT_SECRET_FILE, kept_secret, private_dir
 from broker.settings import get_settings
+
+if TYPE_CHECKING:
+    from providers.local.instances import Runner
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +63,7 @@ class EmbeddedStack:
         workers: int = 1,
         fault_rate: float = 0.0,
         market_offset_seconds: float = 0.0,
-        training_interval_seconds: float = 0.25,
-        report_every_seconds: float = 300.0,
+        instance_runner: Runner = "process",
         extra_env: Mapping[str, str] | None = None,
         log_level: str = "warning",
         admin_token: str | None = None,
@@ -78,8 +82,7 @@ class EmbeddedStack:
         self.workers = workers
         self.fault_rate = fault_rate
         self.market_offset_seconds = market_offset_seconds
-        self.training_interval_seconds = training_interval_seconds
-        self.report_every_seconds = report_every_seconds
+        self.instance_runner = instance_runner
         self.extra_env = dict(extra_env or {})
         self.log_level = log_level
         self.admin_token = admin_token or "adm_" + secrets.token_urlsafe(24)
@@ -90,7 +93,6 @@ class EmbeddedStack:
         self.epoch = epoch
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         self.cloud: Any = None
-        self.training: Any = None
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._saved_env: dict[str, str | None] = {}
         self.env: dict[str, str] = {}
@@ -118,6 +120,8 @@ class EmbeddedStack:
             market_offset_seconds=self.market_offset_seconds,
             clock=scaled,
             market_interval_seconds=0.25,
+            instances_dir=self.data_dir / "instances",
+            instance_runner=self.instance_runner,
         )
         try:
             self.cloud.start()
@@ -133,6 +137,7 @@ class EmbeddedStack:
                 "BROKER_TICK_SECONDS": str(self.tick_seconds),
                 "BROKER_RECONCILE_SECONDS": str(self.reconcile_seconds),
                 "BROKER_API_URL": self.api_url,
+                **self.agent_timing(),
                 **self.extra_env,
             }
             if self.celery_broker_url:
@@ -146,7 +151,6 @@ class EmbeddedStack:
                 self._spawn_worker(number)
             self._wait_for_api()
             self.cloud.faults.rate = self.fault_rate
-            self._start_training()
             if self.supervise:
                 self._supervisor = threading.Thread(
                     target=self._supervise, name="stack-supervisor", daemon=True
@@ -158,14 +162,12 @@ class EmbeddedStack:
         return self
 
     def stop(self) -> None:
-        """Stop training, the worker and the API, then the clouds; restore the environment."""
+        """Stop the worker and the API, then the clouds and their instances; restore the
+        environment."""
         self._stopping.set()
         if self._supervisor is not None:
             self._supervisor.join(timeout=30)
             self._supervisor = None
-        if self.training is not None:
-            self.training.stop()
-            self.training = None
         for name in sorted(self._processes, key=lambda n: n == "api"):  # workers first
             process = self._processes.pop(name, None)
             if process is None:
@@ -259,36 +261,25 @@ class EmbeddedStack:
             self.api_url, self._processes, lambda name: f"see {self.data_dir}/{name}.log"
         )
 
-    def _start_training(self) -> None:
-        from providers.local.stack import LOCAL_ACCESS_KEY, LOCAL_SECRET_KEY
-        from providers.local.training import SimulatedTraining, ec2_instances, gce_instances
-        from providers.retry import FAST_RETRY
-        from providers.storage import S3CheckpointStore
-
-        cloud = self.cloud
-        store = S3CheckpointStore(
-            cloud.checkpoint_bucket,
-            endpoint_url=cloud.aws_endpoint_url,
-            region=cloud.aws_regions[0],
-            access_key_id=LOCAL_ACCESS_KEY,
-            secret_access_key=LOCAL_SECRET_KEY,
-            retry=FAST_RETRY,
-        )
-        self.store = store
-        sources = [
-            ec2_instances(
-                cloud.aws_endpoint_url,
-                cloud.aws_regions,
-                aws_access_key_id=LOCAL_ACCESS_KEY,
-                aws_secret_access_key=LOCAL_SECRET_KEY,
-            ),
-            gce_instances(cloud.gcp_endpoint_url, cloud.gcp_project),
-        ]
-        self.training = SimulatedTraining(
-            sources, store.put, report_every_seconds=self.report_every_seconds
-        ).start(self.training_interval_seconds)
+    def agent_timing(self) -> dict[str, str]:
+        """Agent silence, boot grace and report interval in broker seconds, wide enough on
+        the scaled clock that a loaded laptop does not see healthy agents as lost."""
+        patient = max(600.0, 30.0 * self.scale)
+        return {
+            "BROKER_AGENT_SILENCE_SECONDS": f"{patient:g}",
+            "BROKER_AGENT_BOOT_GRACE_SECONDS": f"{patient:g}",
+            "BROKER_AGENT_REPORT_SECONDS": f"{max(60.0, 1.0 * self.scale):g}",
+        }
 
     # -- looking in -------------------------------------------------------------------------
+
+    @property
+    def speed_overrides(self) -> dict[str, float]:
+        """Per job id: how much faster (>1) or slower (<1) its instances run than predicted."""
+        if self.cloud is None:
+            raise RuntimeError("the stack is not running")
+        overrides: dict[str, float] = self.cloud.instances.speed_overrides
+        return overrides
 
     def worker_alive(self) -> bool:
         """Whether the Celery worker process is still running."""

@@ -20,6 +20,7 @@ from broker.services.job_spec import JobSpec
 from broker.services.ledger import lock_team, reserve
 from broker.services.plans import ChosenPlan
 from broker.services.quoting import quote_job
+from broker.services.workdirs import check_run_workdir
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ def submit(
     digest = request_hash(spec)  # as submitted: a relative deadline hashes as its span text
     spec = spec.resolved(now)
     check_deadline(spec, now)
+    check_run_workdir(spec, team_id)
     plans = quote_job(spec, now, session)
     best = plans.plans[0]
     on_demand = plans.cheapest_on_demand

@@ -1,12 +1,14 @@
 """What a training instance tells the broker, checked before it counts: the agent route's call.
 
 An agent (or anyone holding its token) must not be able to end a job, reach another team's
-data or spend money by what it reports. ``record_progress`` refuses foreign
-tokens, ended attempts, expired tokens and checkpoint keys outside the job's prefix; this
-module adds the bound on work: no more than the attempt's GPUs could have done since it
-started, at the throughput model's speed times ``progress_speed_margin``
-(``broker.core.progress``). Reported work never finishes a job by itself: only a checkpoint
-holding all of it does (``lifecycle.work_complete``).
+data or spend money by what it reports. Every agent call starts with ``checked_attempt``,
+which refuses foreign tokens, ended attempts and expired tokens and notes when the attempt
+was last heard from (silence detection); ``record_progress`` also refuses checkpoint keys
+outside the job's prefix, and this module adds the bound on work: no more than the
+attempt's GPUs could have done since it started, at the throughput model's speed times
+``progress_speed_margin`` (``broker.core.progress``). Reported work never finishes a job by
+itself: only a checkpoint holding all of it, or the program's exit 0, does
+(``lifecycle.work_complete``, ``lifecycle.program_exited``).
 """
 
 from __future__ import annotations
@@ -86,23 +88,14 @@ def record_progress(
 ) -> Job:
     """A training instance reports work done (and maybe a saved checkpoint) for its attempt.
 
-    Refused, changing nothing: a token that is not the attempt's (NotFound), an ended
-    attempt (Conflict), an expired token (Unauthorized), a checkpoint key outside the job's
-    prefix (``checkpoint_keys``) and, given ``credible`` (the most work the attempt can
-    have done by ``now``; the agent route always gives it), more work than that
+    Refused, changing nothing: what ``checked_attempt`` refuses, a checkpoint key outside
+    the job's prefix (``checkpoint_keys``) and, given ``credible`` (the most work the attempt
+    can have done by ``now``; the agent route always gives it), more work than that
     (InvalidInput naming ``work_done``). Less work than reported before is kept as it was.
+    An accepted report is also the agent's heartbeat (``Attempt.last_heard_at``).
     """
-    attempt = lifecycle.locked_attempt(session, attempt_id)
-    job = session.get(Job, attempt.job_id)
-    assert job is not None
+    attempt, job = checked_attempt(session, attempt_id, token, now)
     try:
-        if not hmac.compare_digest(attempt.token_hash, hash_token(token)):
-            raise NotFound(f"attempt {attempt_id} not found")
-        if attempt.status == lifecycle.ENDED or is_terminal(job.status):
-            raise Conflict(f"attempt {attempt_id} has ended")
-        expiry = expires_at(token)
-        if expiry is not None and now >= expiry:
-            raise Unauthorized(f"attempt {attempt_id}'s token expired at {expiry.isoformat()}")
         key = None if checkpoint_key is None else checked_checkpoint_key(job.id, checkpoint_key)
         if credible is not None:
             check_credible(work_done, credible(job, attempt), now)
@@ -129,6 +122,41 @@ def record_progress(
     session.add_all([attempt, job])
     session.commit()
     return job
+
+
+def checked_attempt(
+    session: Session, attempt_id: str, token: str, now: datetime
+) -> tuple[Attempt, Job]:
+    """The attempt ``token`` speaks for, its job row locked, marked heard at ``now``; the
+    caller commits. Every agent call starts here. Refused, changing nothing: a token that is
+    not the attempt's (NotFound), an ended attempt or finished job (Conflict), an expired
+    token (Unauthorized)."""
+    attempt = lifecycle.locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    try:
+        if not hmac.compare_digest(attempt.token_hash, hash_token(token)):
+            raise NotFound(f"attempt {attempt_id} not found")
+        if attempt.status == lifecycle.ENDED or is_terminal(job.status):
+            raise Conflict(f"attempt {attempt_id} has ended")
+        expiry = expires_at(token)
+        if expiry is not None and now >= expiry:
+            raise Unauthorized(f"attempt {attempt_id}'s token expired at {expiry.isoformat()}")
+    except BrokerError:
+        session.rollback()
+        raise
+    if attempt.last_heard_at is None or attempt.last_heard_at < now:
+        attempt.last_heard_at = now
+    session.add(attempt)
+    return attempt, job
+
+
+def heard(session: Session, attempt_id: str, token: str, now: datetime) -> tuple[Attempt, Job]:
+    """An agent call that changes nothing else: check its token (``checked_attempt``) and
+    note that its attempt was heard from at ``now``."""
+    attempt, job = checked_attempt(session, attempt_id, token, now)
+    session.commit()
+    return attempt, job
 
 
 def latest_checkpoint(session: Session, job_id: str) -> Checkpoint | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any, Literal
@@ -141,6 +142,104 @@ class CheckpointSpec(Strict):
     size_gb: float = Field(default=5, ge=0, le=10_000)
 
 
+def _no_nul(value: str) -> str:
+    # PostgreSQL text and JSON cannot hold NUL, and no shell command or variable can either.
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character")
+    return value
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
+# Docker's image reference grammar (github.com/distribution/reference, regexp.go):
+# [host[:port]/]path[:tag][@digest], the path lower case.
+_ALNUM = r"[a-z0-9]+"
+_PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])"
+IMAGE_PATTERN = (
+    rf"^(?:{_HOST}(?::[0-9]+)?/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+"""A docker image reference: ``pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime``,
+``ghcr.io/org/trainer@sha256:<hex>``, ``registry:5000/team/img:tag@sha256:<hex>``."""
+_IMAGE = re.compile(IMAGE_PATTERN, re.ASCII)
+
+
+def _image(value: str) -> str:
+    if not _IMAGE.fullmatch(value):
+        raise ValueError(
+            f"{value[:80]!r} is not a docker image reference "
+            "([registry[:port]/]name[:tag][@sha256:digest], the name in lower case)"
+        )
+    return value
+
+
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_ENV_NAME = re.compile(ENV_NAME_PATTERN)
+RESERVED_ENV_PREFIX = "BROKER_"
+"""The agent sets these for the program (BROKER_JOB_ID, BROKER_CHECKPOINT_DIR, ...)."""
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_NAME.fullmatch(value):
+        raise ValueError(f"{value[:80]!r} is not a variable name (letters, digits, _)")
+    if value.startswith(RESERVED_ENV_PREFIX):
+        raise ValueError(f"{value!r}: names starting with {RESERVED_ENV_PREFIX} are the broker's")
+    return value
+
+
+S3_URI_PATTERN = r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(.+)$"
+_S3_URI = re.compile(S3_URI_PATTERN, re.DOTALL)
+_HTTPS_URL = re.compile(r"^https://[^\s/?#@]+(?:[/?#]\S*)?$")
+
+
+def _workdir(value: str) -> str:
+    s3 = _S3_URI.fullmatch(value)
+    if s3:
+        if not s3.group(2).isprintable():
+            raise ValueError("the object key must not contain control characters")
+        return value
+    if _HTTPS_URL.fullmatch(value) and value.isprintable():
+        return value
+    raise ValueError(
+        "must be s3://<bucket>/<key> (a tar.gz; POST /v1/workdirs uploads one) "
+        "or an https:// URL of a tar.gz"
+    )
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str] | None:
+    """(bucket, key) of an ``s3://bucket/key`` URI, None for anything else."""
+    match = _S3_URI.fullmatch(uri)
+    return (match.group(1), match.group(2)) if match else None
+
+
+Command = Annotated[
+    str, Field(min_length=1, max_length=10_000), AfterValidator(_no_nul), AfterValidator(_not_blank)
+]
+Script = Annotated[str, Field(max_length=16_384), AfterValidator(_no_nul)]
+Image = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_image)]
+EnvName = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_env_name)]
+EnvValue = Annotated[str, Field(max_length=4096), AfterValidator(_no_nul)]
+Workdir = Annotated[str, Field(min_length=1, max_length=2048), AfterValidator(_workdir)]
+
+
+class RunSpec(Strict):
+    """The program a job runs on its instances: ``setup`` then ``command`` (bash), in
+    ``image`` if given, with ``env``, in the unpacked ``workdir`` tar.gz."""
+
+    command: Command
+    setup: Script | None = None
+    image: Image | None = None
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=64)
+    workdir: Workdir | None = None
+
+
 def _workload_kind(value: Any) -> str:
     # Pick the variant by its keys so that errors name the fields of the right one.
     if isinstance(value, dict):
@@ -149,7 +248,8 @@ def _workload_kind(value: Any) -> str:
 
 
 class JobSpec(Strict):
-    """What a team submits (and quotes): work, resources, deadline, max cost."""
+    """What a team quotes (and submits): work, resources, deadline, max cost; ``run``, the
+    program, is optional here (a quote ignores it) and required in a JobSubmission."""
 
     name: Name
     workload: Annotated[
@@ -162,6 +262,8 @@ class JobSpec(Strict):
     market: Literal["auto", "spot", "on_demand"] = "auto"
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     priority: int = Field(default=0, ge=0, le=100)
+    run: RunSpec | None = None
+    max_restarts_on_errors: int = Field(default=0, ge=0, le=10)
 
     @property
     def total_work(self) -> float:
@@ -182,3 +284,9 @@ class JobSpec(Strict):
         if isinstance(self.deadline, datetime):
             return self
         return self.model_copy(update={"deadline": now + parse_span(self.deadline)})
+
+
+class JobSubmission(JobSpec):
+    """A job spec as ``POST /v1/jobs`` takes it: the program to ``run`` is required."""
+
+    run: RunSpec

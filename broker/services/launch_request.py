@@ -1,8 +1,9 @@
-"""What an instance is launched with: the cloud request and the user data its agent reads.
+"""What an instance is launched with: the cloud request and its boot script.
 
-The user data carries the attempt's agent token (``agent_token``: derived from the agent
-secret, so a retried launch of the same attempt hands the same one), where to report and
-where to restore from and save checkpoints.
+The boot script (``providers.boot``) carries the attempt's agent token (``agent_token``:
+derived from the agent secret, so a retried launch of the same attempt hands the same one)
+and where the API is; the agent fetches everything else (its run spec, the checkpoint to
+restore) from the API with that token.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from broker.core.agent_tokens import mint, token_expiry
-from broker.db.models import Attempt, Checkpoint, Job
+from broker.db.models import Attempt, Job
 from providers.base import TAG_ATTEMPT, TAG_JOB, TAG_TEAM, LaunchRequest
+from providers.boot import boot_script
 
 
 def agent_token(secret: str, attempt_id: str, deadline: datetime) -> str:
@@ -21,32 +23,9 @@ def agent_token(secret: str, attempt_id: str, deadline: datetime) -> str:
     return mint(secret, attempt_id, token_expiry(deadline))
 
 
-def launch_request(
-    job: Job,
-    attempt: Attempt,
-    checkpoint: Checkpoint | None,
-    *,
-    api_url: str,
-    agent_secret: str,
-    checkpoint_bucket: str,
-) -> LaunchRequest:
-    """The cloud request for ``attempt`` of ``job``, resuming from ``checkpoint``."""
-    resume = {
-        "api_url": api_url,
-        "attempt_id": attempt.id,
-        "token": agent_token(agent_secret, attempt.id, job.deadline),
-        "token_expires_at": token_expiry(job.deadline).isoformat(),
-        "job_id": job.id,
-        "workload": job.spec["workload"],
-        "gpu": attempt.gpu,
-        "gpu_count": attempt.gpu_count,
-        "start_work": attempt.work_at_start,
-        "total_work": job.total_work,
-        "checkpoint_interval_seconds": job.spec["checkpoint"]["interval_minutes"] * 60,
-        "checkpoint_bucket": checkpoint_bucket,
-        "checkpoint_prefix": f"jobs/{job.id}",
-        "latest_checkpoint": checkpoint.object_key if checkpoint else None,
-    }
+def launch_request(job: Job, attempt: Attempt, *, api_url: str, agent_secret: str) -> LaunchRequest:
+    """The cloud request for ``attempt`` of ``job``: where, what, and the boot script."""
+    token = agent_token(agent_secret, attempt.id, job.deadline)
     return LaunchRequest(
         token=attempt.id,
         provider=attempt.provider,
@@ -57,5 +36,5 @@ def launch_request(
         gpu=attempt.gpu,
         gpu_count=attempt.gpu_count,
         tags={TAG_JOB: job.id, TAG_ATTEMPT: attempt.id, TAG_TEAM: job.team_id},
-        user_data=resume,
+        boot_script=boot_script(api_url, attempt.id, token, attempt.provider),
     )

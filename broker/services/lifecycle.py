@@ -12,6 +12,7 @@ instances the caller must terminate.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,9 +73,9 @@ def live_attempts(session: Session, job_id: str) -> list[Attempt]:
 
 
 def work_complete(job: Job) -> bool:
-    """Whether a job's work is done: a checkpoint holds all of it. Reported work alone never
-    is (an agent's word). Every success decision asks here; the workloads issue adds the
-    training program's exit code 0 to this condition."""
+    """Whether a checkpoint holds all of a job's work. Reported work alone never does (an
+    agent's word). A job succeeds on this or on its program's exit code 0
+    (``program_exited``); every other success decision asks here."""
     return job.checkpointed_work >= job.total_work
 
 
@@ -280,25 +281,138 @@ def locked_attempt(session: Session, attempt_id: str) -> Attempt:
     return attempt
 
 
-def preempted(session: Session, attempt_id: str, now: datetime) -> None:
-    """The cloud took the instance back: end the attempt, fall back to the latest checkpoint."""
+def preempted(
+    session: Session, attempt_id: str, now: datetime, reason: str | None = None
+) -> list[ToTerminate]:
+    """The cloud took the instance back, or is about to (its agent got the notice, ``reason``
+    says what it was): end the attempt now, fall back to the latest checkpoint. Returns the
+    instance to terminate (one already gone is terminated again harmlessly)."""
     attempt = locked_attempt(session, attempt_id)
     job = session.get(Job, attempt.job_id)
     assert job is not None
     if attempt.status == ENDED:
         session.rollback()
-        return
-    _end_attempt(session, job, attempt, "preempted", now)
+        return []
+    ended = _end_attempt(session, job, attempt, "preempted", now)
+    stopped: list[ToTerminate] = []
     if is_terminal(job.status):
         pass
     elif work_complete(job):
         # The final checkpoint was saved before the cloud took the instance: done.
-        _finish(session, job, JobStatus.SUCCEEDED, now, "work reached (checkpointed)")
+        stopped = _finish(session, job, JobStatus.SUCCEEDED, now, "work reached (checkpointed)")
     else:
-        _move(job, JobStatus.PREEMPTED, now, f"preempted in {attempt.zone}")
+        said = f": {reason}" if reason else ""
+        _move(job, JobStatus.PREEMPTED, now, f"preempted in {attempt.zone}{said}")
         job.work_done = job.checkpointed_work
         session.add(job)
     session.commit()
+    return [t for t in [ended, *stopped] if t is not None]
+
+
+def program_exited(
+    session: Session, attempt_id: str, exit_code: int, tail: str, now: datetime
+) -> list[ToTerminate]:
+    """The training program exited (its agent says so; ``tail``: its last output).
+
+    0: the job succeeded. Otherwise the attempt ends (end reason ``exit code N``, the code
+    kept) and the job goes back to provisioning, to relaunch from its latest checkpoint,
+    while its error restarts (attempts that exited non-zero before this one) are fewer than
+    the spec's ``max_restarts_on_errors``; else it fails with the code and the tail's last
+    lines. A checkpoint holding all the work makes it a success whatever the code. An ended
+    attempt changes nothing. Returns the instances to terminate.
+    """
+    attempt = locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status == ENDED or is_terminal(job.status):
+        session.rollback()
+        return []
+    attempt.exit_code = exit_code
+    if exit_code == 0:
+        ended = _finish(session, job, JobStatus.SUCCEEDED, now, "program exited 0")
+        session.commit()
+        return ended
+    code = f"exit code {exit_code}"
+    gone = _end_attempt(session, job, attempt, code, now)
+    stopped: list[ToTerminate] = []
+    session.flush()
+    restarts = _failed_exits(session, job.id) - 1  # this exit is not a restart (yet)
+    allowed = int(job.spec.get("max_restarts_on_errors") or 0)
+    if work_complete(job):
+        stopped = _finish(session, job, JobStatus.SUCCEEDED, now, "work reached (checkpointed)")
+    elif restarts < allowed:
+        restart = f"restart {restarts + 1} of {allowed}"
+        _move(
+            job,
+            JobStatus.PROVISIONING,
+            now,
+            f"{code}: restarting from the latest checkpoint ({restart})",
+        )
+        job.work_done = job.checkpointed_work
+        session.add(job)
+    else:
+        stopped = _finish(session, job, JobStatus.FAILED, now, exit_summary(exit_code, tail))
+    session.commit()
+    return [t for t in [gone, *stopped] if t is not None]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colours and cursor moves in program output
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def exit_summary(exit_code: int, tail: str, lines: int = 3, limit: int = 500) -> str:
+    """``exit code N: <the tail's last non-empty lines, joined with " | ">``, without control
+    characters, cut to ``limit`` characters (a job's status reason)."""
+    kept = [_CONTROL.sub("", _ANSI.sub("", line)).strip() for line in tail.splitlines()]
+    last = [line for line in kept if line][-lines:]
+    summary = f"exit code {exit_code}" + (": " + " | ".join(last) if last else "")
+    return summary[:limit]
+
+
+def _failed_exits(session: Session, job_id: str) -> int:
+    """How many of a job's attempts ended with their program exiting non-zero."""
+    return len(
+        session.exec(
+            select(Attempt.id).where(
+                Attempt.job_id == job_id,
+                col(Attempt.exit_code).is_not(None),
+                Attempt.exit_code != 0,
+            )
+        ).all()
+    )
+
+
+def lost(
+    session: Session,
+    attempt_id: str,
+    now: datetime,
+    reason: str,
+    *,
+    silent_since: datetime | None = None,
+) -> list[ToTerminate]:
+    """A running attempt's agent fell silent: end the attempt (billed to ``now``, end reason
+    ``lost``) and let the job wait for a relaunch from its latest checkpoint, as ``preempted``
+    (the status for an attempt taken from a job against its will; the next tick relaunches
+    it). ``silent_since``: when the caller last saw the agent heard; a call accepted after
+    it means the agent is back, and nothing changes. Returns the instance to terminate."""
+    attempt = locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    heard = attempt.last_heard_at
+    back = silent_since is not None and heard is not None and heard > silent_since
+    if attempt.status != RUNNING or is_terminal(job.status) or back:
+        session.rollback()
+        return []
+    ended = _end_attempt(session, job, attempt, "lost", now)
+    stopped: list[ToTerminate] = []
+    if work_complete(job):
+        stopped = _finish(session, job, JobStatus.SUCCEEDED, now, "work reached (checkpointed)")
+    else:
+        _move(job, JobStatus.PREEMPTED, now, reason)
+        job.work_done = job.checkpointed_work
+        session.add(job)
+    session.commit()
+    return [t for t in [ended, *stopped] if t is not None]
 
 
 def migrate(session: Session, attempt_id: str, reason: str, now: datetime) -> list[ToTerminate]:

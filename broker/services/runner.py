@@ -24,7 +24,8 @@ from broker.core.job_status import JobStatus, is_terminal
 from broker.db.engine import open_session
 from broker.db.models import Attempt, Job
 from broker.faults import fault_point
-from broker.services import agent_reports, lifecycle
+from broker.services import lifecycle
+from broker.services.agent_channel import report_wall_seconds
 from broker.services.calibration import calibrate
 from broker.services.launch_request import agent_token, launch_request
 from broker.services.lifecycle import LAUNCHING, RUNNING, ToTerminate
@@ -82,6 +83,9 @@ class Runner:
         tick_seconds: float,
         checkpoint_bucket: str = "broker-checkpoints",
         controls: SpendControls | None = None,
+        agent_silence_seconds: float = 600.0,
+        agent_boot_grace_seconds: float = 600.0,
+        agent_report_seconds: float = 60.0,
     ) -> None:
         self.engine = engine
         self.providers = dict(providers)
@@ -91,6 +95,11 @@ class Runner:
         self.tick_seconds = tick_seconds
         self.checkpoint_bucket = checkpoint_bucket
         self.controls = controls or SpendControls()
+        # Broker seconds an agent may be silent before its attempt is lost (settings'
+        # agent_silence_seconds); before its first call it has the boot grace on top.
+        self.agent_silence_seconds = agent_silence_seconds
+        self.agent_boot_grace_seconds = agent_boot_grace_seconds
+        self.agent_report_seconds = agent_report_seconds
 
     def _session(self) -> Session:
         return open_session(self.engine)
@@ -195,14 +204,7 @@ class Runner:
 
     def _launch_attempt(self, session: Session, job: Job, attempt: Attempt) -> str | None:
         provider = self.providers[attempt.provider]
-        request = launch_request(
-            job,
-            attempt,
-            agent_reports.latest_checkpoint(session, job.id),
-            api_url=self.api_url,
-            agent_secret=self.agent_secret,
-            checkpoint_bucket=self.checkpoint_bucket,
-        )
+        request = launch_request(job, attempt, api_url=self.api_url, agent_secret=self.agent_secret)
         try:
             ref = provider.launch(request)
         except CapacityError as error:
@@ -310,6 +312,8 @@ class Runner:
                     extra={"job_id": job.id, "attempt_id": attempt_id},
                 )
                 return
+            if self._lost(session, attempt, now):
+                return
             lookahead = 2 * self.tick_seconds * clock.scale()
             stopped = lifecycle.accrue(
                 session, attempt_id, now, lookahead, lease_seconds=self.lease_seconds
@@ -334,6 +338,33 @@ class Runner:
                 )
             else:
                 self._steer(session, job, attempt, now)
+
+    def _lost(self, session: Session, attempt: Attempt, now: datetime) -> bool:
+        """End a running attempt whose agent has been silent too long (its instance runs,
+        its program does not report): the job relaunches from its latest checkpoint."""
+        since = attempt.last_heard_at or attempt.started_at
+        allowed = self.agent_silence_seconds
+        if attempt.last_heard_at is None:
+            allowed += self.agent_boot_grace_seconds
+        # On a fast clock an agent reports at most once a wall second (report_wall_seconds):
+        # allow as many missed reports as at the configured pace, not fewer.
+        scale = clock.scale()
+        pace = report_wall_seconds(self.agent_report_seconds, scale) * scale
+        allowed *= max(1.0, pace / self.agent_report_seconds)
+        if since is None or (now - since).total_seconds() <= allowed:
+            return False
+        silent = (now - since).total_seconds()
+        heard = "last heard" if attempt.last_heard_at else "never heard since its launch"
+        reason = f"agent silent for {silent:.0f} s ({heard}): instance lost"
+        ended = lifecycle.lost(session, attempt.id, now, reason, silent_since=since)
+        if not ended:
+            return False  # the agent spoke meanwhile, or the attempt ended already
+        self._terminate(ended)
+        log.warning(
+            "agent silent, attempt lost",
+            extra={"job_id": attempt.job_id, "attempt_id": attempt.id, "silent_s": silent},
+        )
+        return True
 
     def _steer(self, session: Session, job: Job, attempt: Attempt, now: datetime) -> None:
         """Carry out what ``steering.steer`` decides for a running attempt: keep it, or end it

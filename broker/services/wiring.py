@@ -40,4 +40,7 @@ def get_runner() -> Runner:
             max_live_per_team=settings.max_live_attempts_per_team,
             max_live_total=settings.max_live_attempts,
         ),
+        agent_silence_seconds=settings.agent_silence_seconds,
+        agent_boot_grace_seconds=settings.agent_boot_grace_seconds,
+        agent_report_seconds=settings.agent_report_seconds,
     )

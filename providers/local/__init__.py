@@ -1,8 +1,10 @@
-"""Clouds on a laptop: moto's server for AWS, a GCE fake, spot market replay, fault injection."""
+"""Clouds on a laptop: moto's server for AWS, a GCE fake, spot market replay, fault injection,
+and instances that really run their boot scripts (as local processes)."""
 
 from providers.local.aws import LocalAws
 from providers.local.faults import Fault, FaultInjector
 from providers.local.gce_fake import GceFake
+from providers.local.instances import LocalInstance, LocalInstances
 from providers.local.market import MarketReplay, default_assignments
 from providers.local.stack import LocalCloud
 
@@ -12,6 +14,8 @@ __all__ = [
     "GceFake",
     "LocalAws",
     "LocalCloud",
+    "LocalInstance",
+    "LocalInstances",
     "MarketReplay",
     "default_assignments",
 ]

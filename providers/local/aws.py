@@ -1,10 +1,10 @@
 """Local AWS: moto's server in-process (EC2, S3) behind a middleware that adds what
 moto lacks and the broker relies on: ClientToken idempotency, spot capacity from the
-market replay, spot interruptions, and injected faults."""
+market replay, spot interruptions with their two-minute notice, injected faults, and real
+instances: the user data script of each launch runs as a local process (``LocalInstances``)."""
 
 from __future__ import annotations
 
-import csv
 import io
 import logging
 import re
@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from functools import lru_cache
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qs
 from xml.sax.saxutils import escape
@@ -27,8 +27,14 @@ from moto.moto_server.werkzeug_app import (
 )
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from pricing.traces import bundled_trace_dir
+from providers.local.aws_launch import (
+    boot_script,
+    gpu_count_of_instance_type,
+    gpu_of_instance_type,
+    request_tags,
+)
 from providers.local.faults import Fault, FaultInjector
+from providers.local.instances import NOTICE_SECONDS, LocalInstances
 from providers.local.market import MarketReplay
 
 logger = logging.getLogger(__name__)
@@ -37,24 +43,8 @@ SPOT_TERMINATION = StateReason(
     "Server.SpotInstanceTermination: Spot instance termination", "Server.SpotInstanceTermination"
 )
 _SCOPE = re.compile(r"Credential=[^/]+/\d{8}/(?P<region>[^/]+)/(?P<service>[^/]+)/")
+_INSTANCE_ID = re.compile(r"<instanceId>(i-[0-9a-f]+)</instanceId>")
 StartResponse = Callable[..., Any]
-
-
-@lru_cache
-def _catalog_gpus() -> dict[str, str]:
-    path = bundled_trace_dir().parent / "aws-gpu-vms.csv"
-    with path.open(newline="") as handle:
-        return {row["InstanceType"]: row["AcceleratorName"] for row in csv.DictReader(handle)}
-
-
-def gpu_of_instance_type(instance_type: str) -> str:
-    """The GPU name of an EC2 instance type (``p3.2xlarge`` -> ``V100``), or "" if none."""
-    if instance_type in _catalog_gpus():
-        return _catalog_gpus()[instance_type]
-    from moto.ec2.models.instance_types import INSTANCE_TYPES
-
-    gpus = (INSTANCE_TYPES.get(instance_type, {}).get("GpuInfo") or {}).get("Gpus") or [{}]
-    return str(gpus[0].get("Name", ""))
 
 
 def zone_names(regions: Iterable[str]) -> list[str]:
@@ -112,12 +102,20 @@ _FAULT_ANSWERS = {
 
 
 class CloudBehaviour:
-    """WSGI middleware in front of moto: faults, spot capacity, ClientToken idempotency."""
+    """WSGI middleware in front of moto: faults, spot capacity, ClientToken idempotency, and
+    the processes of the instances it launches and terminates."""
 
-    def __init__(self, app: Any, market: MarketReplay | None, faults: FaultInjector | None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        market: MarketReplay | None,
+        faults: FaultInjector | None,
+        instances: LocalInstances | None = None,
+    ) -> None:
         self.app = app
         self.market = market
         self.faults = faults
+        self.instances = instances
         self._launch_lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Any:
@@ -154,7 +152,26 @@ class CloudBehaviour:
                     "InsufficientInstanceCapacity",
                     refusal,
                 )
-            return self.app(environ, start_response)
+            status, body = _call(self.app, environ, start_response)
+        if status.startswith("200"):
+            self._start_instances(_INSTANCE_ID.findall(body.decode("utf-8", "replace")), params)
+        return [body]
+
+    def _start_instances(self, instance_ids: list[str], params: dict[str, str]) -> None:
+        if self.instances is None:
+            return
+        script = boot_script(params.get("UserData"))
+        if script is None:
+            logger.info("launch without a boot script: nothing runs", extra={"ids": instance_ids})
+            return
+        instance_type = params.get("InstanceType", "m1.small")
+        gpu, count = gpu_of_instance_type(instance_type), gpu_count_of_instance_type(instance_type)
+        tags = request_tags(params)
+        for instance_id in instance_ids:
+            try:
+                self.instances.start(instance_id, "aws", script, gpu, count, tags)
+            except Exception:  # the launch stands, as a machine that failed to boot would
+                logger.exception("local instance did not start", extra={"instance_id": instance_id})
 
     def _terminate(
         self, params: dict[str, str], environ: dict[str, Any], start_response: StartResponse
@@ -167,10 +184,12 @@ class CloudBehaviour:
             for _, _, i in _ec2_instances()
             if i.id in ids and i.state == "terminated"
         ]
-        answer = self.app(environ, start_response)
+        status, body = _call(self.app, environ, start_response)
         for instance, reason, transition in ended:
             instance.state_reason, instance._reason = reason, transition
-        return answer
+        if status.startswith("200") and self.instances is not None:
+            self.instances.kill_many(sorted(ids))
+        return [body]
 
     def _find_by_token(self, token: str) -> tuple[str, Any, Instance] | None:
         for reservation_id, backend, instance in _ec2_instances():
@@ -192,6 +211,23 @@ class CloudBehaviour:
             f"Availability Zone you requested ({zone}). Our system will be working on "
             "provisioning additional capacity."
         )
+
+
+def _call(app: Any, environ: dict[str, Any], start_response: StartResponse) -> tuple[str, bytes]:
+    """Run ``app`` to the end: its status line and whole body."""
+    statuses: list[str] = []
+
+    def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        statuses.append(status)
+        return start_response(status, headers, exc_info)
+
+    answer = app(environ, capture)
+    try:
+        body = b"".join(answer)
+    finally:
+        if hasattr(answer, "close"):
+            answer.close()
+    return (statuses[-1] if statuses else "500 Internal Server Error"), body
 
 
 def _iso(moment: Any) -> str:
@@ -219,22 +255,59 @@ def _run_instances_xml(reservation_id: str, backend: Any, instance: Instance) ->
     )
 
 
-def preempt_spot_instances(market: MarketReplay) -> int:
-    """Terminate running spot instances where the market says spot is unavailable, as EC2 does."""
-    count = 0
-    for _, _, instance in _ec2_instances():
-        if instance.lifecycle != "spot" or instance.state not in ("pending", "running"):
-            continue
-        zone = instance.placement.zone or ""
-        if market.is_available("aws", zone, gpu_of_instance_type(instance.instance_type)):
-            continue
-        instance.terminate()
-        instance.state_reason = SPOT_TERMINATION
-        stamp = market.now().strftime("%Y-%m-%d %H:%M:%S")
-        instance._reason = f"Service initiated ({stamp} GMT)"
-        logger.info("spot interruption", extra={"instance_id": instance.id, "zone": zone})
-        count += 1
-    return count
+class SpotReclaimer:
+    """The market's preemptor for EC2: where spot turns unavailable, a running spot instance
+    gets the interruption notice, and ``notice_seconds`` (market time) later it is
+    terminated with EC2's spot interruption reason and its processes are killed."""
+
+    def __init__(
+        self,
+        instances: LocalInstances | None = None,
+        notice_seconds: float = NOTICE_SECONDS["aws"],
+    ) -> None:
+        self.instances = instances
+        self.notice_seconds = notice_seconds
+        self._noticed: dict[str, datetime] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, market: MarketReplay) -> int:
+        with self._lock:
+            now = market.now()
+            live: set[str] = set()
+            reclaimed: list[str] = []
+            for _, _, instance in _ec2_instances():
+                if instance.lifecycle != "spot" or instance.state not in ("pending", "running"):
+                    continue
+                live.add(instance.id)
+                zone = instance.placement.zone or ""
+                noticed = self._noticed.get(instance.id)
+                if noticed is None:
+                    gpu = gpu_of_instance_type(instance.instance_type)
+                    if market.is_available("aws", zone, gpu):
+                        continue
+                    noticed = self._noticed[instance.id] = now
+                    reclaim = now + timedelta(seconds=self.notice_seconds)
+                    if self.instances is not None:
+                        self.instances.notice(instance.id, "aws", reclaim)
+                    logger.info(
+                        "spot interruption notice", extra={"instance_id": instance.id, "zone": zone}
+                    )
+                if (now - noticed).total_seconds() < self.notice_seconds:
+                    continue
+                _interrupt(instance, now)
+                reclaimed.append(instance.id)
+                logger.info("spot interruption", extra={"instance_id": instance.id, "zone": zone})
+            for gone in set(self._noticed) - live:
+                del self._noticed[gone]
+        if reclaimed and self.instances is not None:
+            self.instances.kill_many(reclaimed)
+        return len(reclaimed)
+
+
+def _interrupt(instance: Instance, now: datetime) -> None:
+    instance.terminate()
+    instance.state_reason = SPOT_TERMINATION
+    instance._reason = f"Service initiated ({now.strftime('%Y-%m-%d %H:%M:%S')} GMT)"
 
 
 class _QuietHandler(MotoRequestHandler):
@@ -243,7 +316,8 @@ class _QuietHandler(MotoRequestHandler):
 
 
 class LocalAws:
-    """Moto's server on a free loopback port, with the market and faults in front of it."""
+    """Moto's server on a free loopback port, with the market and faults in front of it;
+    with ``instances``, launches run their user data script as local processes."""
 
     def __init__(
         self,
@@ -252,11 +326,15 @@ class LocalAws:
         port: int = 0,
         market: MarketReplay | None = None,
         faults: FaultInjector | None = None,
+        instances: LocalInstances | None = None,
+        spot_notice_seconds: float = NOTICE_SECONDS["aws"],
     ) -> None:
         self.host = host
         self.port = port
         self.market = market
         self.faults = faults
+        self.instances = instances
+        self.reclaimer = SpotReclaimer(instances, spot_notice_seconds)
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -270,7 +348,10 @@ class LocalAws:
     def start(self) -> LocalAws:
         """Start serving in a daemon thread; attach the spot preemptor to the market."""
         app = CloudBehaviour(
-            DomainDispatcherApplication(create_backend_app), self.market, self.faults
+            DomainDispatcherApplication(create_backend_app),
+            self.market,
+            self.faults,
+            self.instances,
         )
         self._server = make_server(
             self.host, self.port, app, threaded=True, request_handler=_QuietHandler
@@ -280,7 +361,7 @@ class LocalAws:
         )
         self._thread.start()
         if self.market is not None:
-            self.market.attach(preempt_spot_instances)
+            self.market.attach(self.reclaimer)
         logger.info("local AWS listening", extra={"endpoint_url": self.endpoint_url})
         return self
 

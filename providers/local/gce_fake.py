@@ -2,7 +2,8 @@
 
 Instances insert/get/delete/list/aggregatedList, zone operations get/wait/list, zones,
 machine types and accelerator types; ``requestId`` deduplication, label filters,
-Google's JSON errors, spot capacity and preemption from the market, injected faults.
+Google's JSON errors, spot capacity and preemption (after a notice) from the market, injected
+faults; with ``LocalInstances``, each instance's ``startup-script`` runs as a local process.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -32,6 +34,7 @@ from providers.local.gce_catalog import (
     machine_type_resource,
 )
 from providers.local.gce_state import BASE, ApiError, ComputeState
+from providers.local.instances import NOTICE_SECONDS, LocalInstances
 from providers.local.market import MarketReplay
 
 logger = logging.getLogger(__name__)
@@ -75,7 +78,9 @@ def build_app(state: ComputeState, faults: FaultInjector | None = None) -> Starl
     async def insert(request: Request) -> Any:
         project, zone = params(request)
         body = await request.json()
-        return state.insert(project, zone, body, request.query_params.get("requestId"))
+        request_id = request.query_params.get("requestId")
+        # Off the event loop: starting (and below, killing) an instance's process takes time.
+        return await run_in_threadpool(state.insert, project, zone, body, request_id)
 
     async def get(request: Request) -> Any:
         return state.get(*params(request), request.path_params["instance"])
@@ -83,7 +88,7 @@ def build_app(state: ComputeState, faults: FaultInjector | None = None) -> Starl
     async def delete(request: Request) -> Any:
         project, zone = params(request)
         name, request_id = request.path_params["instance"], request.query_params.get("requestId")
-        return state.delete(project, zone, name, request_id)
+        return await run_in_threadpool(state.delete, project, zone, name, request_id)
 
     async def list_instances(request: Request) -> Any:
         items = state.list(*params(request), request.query_params.get("filter"))
@@ -197,11 +202,19 @@ class GceFake:
         market: MarketReplay | None = None,
         faults: FaultInjector | None = None,
         clock: Clock | None = None,
+        instances: LocalInstances | None = None,
+        spot_notice_seconds: float = NOTICE_SECONDS["gcp"],
     ) -> None:
         self.host, self.port = host, port
         self.market = market
         now: Callable[[], datetime] = clock.now if clock is not None else broker_clock.now
-        self.state = ComputeState(zones, now=now, market=market)
+        self.state = ComputeState(
+            zones,
+            now=now,
+            market=market,
+            instances=instances,
+            notice_seconds=spot_notice_seconds,
+        )
         self.app = build_app(self.state, faults)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

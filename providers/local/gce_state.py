@@ -1,17 +1,25 @@
-"""The GCE fake's state: instances and zone operations, as the Compute v1 API shows them."""
+"""The GCE fake's state: instances and zone operations, as the Compute v1 API shows them.
+
+With ``LocalInstances``, an inserted instance runs its ``startup-script`` metadata item as a
+local process, which a delete or a spot preemption (30 s after its notice) kills.
+"""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 import threading
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from providers.local.gce_catalog import ACCELERATOR_TYPES, MACHINE_TYPES, gpu_of
+from providers.local.instances import NOTICE_SECONDS, LocalInstances
 from providers.local.market import MarketReplay
+
+logger = logging.getLogger(__name__)
 
 BASE = "https://www.googleapis.com/compute/v1"
 Resource = dict[str, Any]
@@ -62,9 +70,14 @@ class ComputeState:
         *,
         now: Callable[[], datetime],
         market: MarketReplay | None = None,
+        instances: LocalInstances | None = None,
+        notice_seconds: float = NOTICE_SECONDS["gcp"],
     ) -> None:
         self.zones = list(zones)
         self.market = market
+        self.instances = instances
+        self.notice_seconds = notice_seconds
+        self._noticed: dict[tuple[str, str, str], datetime] = {}
         self._now = now
         self._instances: dict[tuple[str, str, str], Resource] = {}
         self._operations: dict[tuple[str, str, str], Resource] = {}
@@ -84,6 +97,7 @@ class ComputeState:
     def insert(self, project: str, zone: str, body: Resource, request_id: str | None) -> Resource:
         """Create an instance (or return the operation of the same ``requestId``)."""
         self.check_zone(zone)
+        booted: Resource | None = None
         with self._lock:
             if request_id and request_id in self._requests:
                 return self._requests[request_id]
@@ -127,10 +141,35 @@ class ComputeState:
                     "labels": dict(body.get("labels") or {}),
                 }
                 self._instances[(project, zone, name)] = instance
+                booted = instance
                 op = self._operation(project, zone, "insert", link, target_id=instance["id"])
             if request_id:
                 self._requests[request_id] = op
-            return op
+        if booted is not None:
+            self._boot(booted)
+        return op
+
+    def _boot(self, instance: Resource) -> None:
+        """Run the instance's ``startup-script`` as a local process, if there is one."""
+        if self.instances is None:
+            return
+        items = (instance.get("metadata") or {}).get("items") or []
+        script = next((i.get("value") for i in items if i.get("key") == "startup-script"), None)
+        if not script:
+            logger.info(
+                "instance without a startup-script: nothing runs",
+                extra={"instance_id": instance["name"]},
+            )
+            return
+        gpu, count = _gpus(instance)
+        try:
+            self.instances.start(
+                instance["name"], "gcp", str(script), gpu, count, dict(instance["labels"])
+            )
+        except Exception:  # the instance stands, as a machine that failed to boot would
+            logger.exception(
+                "local instance did not start", extra={"instance_id": instance["name"]}
+            )
 
     def _validate(
         self,
@@ -228,7 +267,9 @@ class ComputeState:
             )
             if request_id:
                 self._requests[request_id] = op
-            return op
+        if self.instances is not None:
+            self.instances.kill(name)
+        return op
 
     def list(self, project: str, zone: str, expression: str | None = None) -> list[Resource]:
         """Instances of one zone that pass the filter."""
@@ -259,17 +300,26 @@ class ComputeState:
             ]
 
     def preempt(self, market: MarketReplay) -> int:
-        """Take back running SPOT instances in zones the market marks unavailable."""
-        count = 0
+        """Take back running SPOT instances in zones the market marks unavailable: a notice
+        first (the metadata's ``preempted`` turns TRUE), the preemption ``notice_seconds``
+        of market time later."""
+        now = market.now()
+        reclaimed: list[str] = []
         with self._lock:
-            for (project, zone, name), instance in list(self._instances.items()):
+            for key, instance in list(self._instances.items()):
+                project, zone, name = key
                 scheduling = instance.get("scheduling") or {}
                 if scheduling.get("provisioningModel") != "SPOT" or instance["status"] != "RUNNING":
                     continue
-                accelerators = instance.get("guestAccelerators") or [{}]
-                accelerator = str(accelerators[0].get("acceleratorType", "")).rsplit("/", 1)[-1]
-                machine_type = instance["machineType"].rsplit("/", 1)[-1]
-                if market.is_available("gcp", zone, gpu_of(machine_type, accelerator)):
+                noticed = self._noticed.get(key)
+                if noticed is None:
+                    if market.is_available("gcp", zone, _gpus(instance)[0]):
+                        continue
+                    noticed = self._noticed[key] = now
+                    if self.instances is not None:
+                        reclaim = now + timedelta(seconds=self.notice_seconds)
+                        self.instances.notice(name, "gcp", reclaim)
+                if (now - noticed).total_seconds() < self.notice_seconds:
                     continue
                 self._operation(
                     project,
@@ -280,9 +330,24 @@ class ComputeState:
                     user="system",
                 )
                 if scheduling.get("instanceTerminationAction") == "DELETE":
-                    del self._instances[(project, zone, name)]
+                    del self._instances[key]
                 else:
                     instance["status"] = "TERMINATED"
                     instance["lastStopTimestamp"] = self.stamp()
-                count += 1
-        return count
+                reclaimed.append(name)
+            running = {k for k, r in self._instances.items() if r["status"] == "RUNNING"}
+            for gone in set(self._noticed) - running:
+                del self._noticed[gone]
+        if reclaimed and self.instances is not None:
+            self.instances.kill_many(reclaimed)
+        return len(reclaimed)
+
+
+def _gpus(instance: Resource) -> tuple[str, int]:
+    """The GPU an instance resource runs on and how many (1 when it names none)."""
+    accelerators = instance.get("guestAccelerators") or [{}]
+    accelerator = str(accelerators[0].get("acceleratorType", "")).rsplit("/", 1)[-1]
+    machine_type = str(instance.get("machineType", "")).rsplit("/", 1)[-1]
+    count = int(accelerators[0].get("acceleratorCount") or 0)
+    count = count or MACHINE_TYPES.get(machine_type, (0, 0, "", 0))[3]
+    return gpu_of(machine_type, accelerator or None), max(count, 1)

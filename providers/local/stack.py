@@ -1,9 +1,12 @@
-"""``LocalCloud``: moto server, GCE fake and market replay, started and stopped together."""
+"""``LocalCloud``: moto server, GCE fake, market replay and the instances' processes (with
+their metadata server), started and stopped together."""
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
@@ -13,6 +16,7 @@ from broker.settings import Settings
 from providers.local.aws import LocalAws, zone_names
 from providers.local.faults import FaultInjector
 from providers.local.gce_fake import GceFake
+from providers.local.instances import NOTICE_SECONDS, LocalInstances, Runner
 from providers.local.market import MarketReplay
 from providers.retry import FAST_RETRY
 from providers.storage import S3CheckpointStore
@@ -21,13 +25,20 @@ logger = logging.getLogger(__name__)
 
 LOCAL_ACCESS_KEY = "testing"
 LOCAL_SECRET_KEY = "testing"
+# Images moto serves in every region; the local instances run on the host whatever the image.
+LOCAL_IMAGE_IDS = {"x86_64": "ami-760aaa0f", "arm64": "ami-0e9271c829888680e"}
 
 
 class LocalCloud:
     """Both local clouds sharing one market replay and one fault injector.
 
     Use as a context manager; ``env`` holds the ``BROKER_*`` variables that point the
-    broker's providers at it, ``settings()`` the same as a ``Settings`` copy.
+    broker's providers at it, ``settings()`` the same as a ``Settings`` copy. ``instances``
+    runs what the clouds launch: each boot script as a process in a folder under
+    ``instances_dir`` (default: a temporary folder removed on stop), or with
+    ``instance_runner="light"`` as an in-process play of the agent (benches). A spot
+    instance gets its notice ``spot_notice_seconds[provider]`` broker seconds before the
+    reclaim (default: AWS 120, GCP 30).
     """
 
     def __init__(
@@ -44,6 +55,9 @@ class LocalCloud:
         market_interval_seconds: float | None = 1.0,
         clock: Clock | None = None,
         host: str = "127.0.0.1",
+        instances_dir: Path | None = None,
+        instance_runner: Runner = "process",
+        spot_notice_seconds: Mapping[str, float] | None = None,
     ) -> None:
         self.aws_regions = list(aws_regions)
         self.gcp_zones = list(gcp_zones)
@@ -58,9 +72,25 @@ class LocalCloud:
             clock=clock,
         )
         self.market_interval_seconds = market_interval_seconds
-        self.aws = LocalAws(host=host, market=self.market, faults=self.faults)
+        self.instances = LocalInstances(
+            instances_dir, runner=instance_runner, host=host, clock=clock
+        )
+        notice = {**NOTICE_SECONDS, **(spot_notice_seconds or {})}
+        self.aws = LocalAws(
+            host=host,
+            market=self.market,
+            faults=self.faults,
+            instances=self.instances,
+            spot_notice_seconds=notice["aws"],
+        )
         self.gce = GceFake(
-            self.gcp_zones, host=host, market=self.market, faults=self.faults, clock=clock
+            self.gcp_zones,
+            host=host,
+            market=self.market,
+            faults=self.faults,
+            clock=clock,
+            instances=self.instances,
+            spot_notice_seconds=notice["gcp"],
         )
 
     @classmethod
@@ -96,6 +126,7 @@ class LocalCloud:
             "BROKER_GCP_ENDPOINT_URL": self.gcp_endpoint_url,
             "BROKER_GCP_PROJECT": self.gcp_project,
             "BROKER_CHECKPOINT_BUCKET": self.checkpoint_bucket,
+            "BROKER_AWS_IMAGE_IDS": json.dumps(LOCAL_IMAGE_IDS),
         }
 
     def settings(self, base: Settings | None = None) -> Settings:
@@ -110,13 +141,15 @@ class LocalCloud:
                 "gcp_project": self.gcp_project,
                 "gcp_zones": self.gcp_zones,
                 "checkpoint_bucket": self.checkpoint_bucket,
+                "aws_image_ids": dict(LOCAL_IMAGE_IDS),
             }
         )
 
     def start(self) -> LocalCloud:
-        """Start both servers, create the checkpoint bucket, start the market thread."""
-        self.aws.start()
+        """Start the instances' metadata server, both clouds, the checkpoint bucket, the market."""
+        self.instances.serve()
         try:
+            self.aws.start()
             self.gce.start()
             S3CheckpointStore(
                 self.checkpoint_bucket,
@@ -136,8 +169,9 @@ class LocalCloud:
         return self
 
     def stop(self) -> None:
-        """Stop the market thread and both servers."""
+        """Stop the market thread, kill every instance, stop both servers."""
         self.market.stop()
+        self.instances.close()
         self.gce.stop()
         self.aws.stop()
 

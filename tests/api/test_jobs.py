@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from tests.helpers import job_spec, worst_case
+import pytest
+
+from tests.helpers import RUN, job_spec, quote_spec, worst_case
 
 
 def test_submit_reserves_the_plans_worst_case_and_queues(client, make_team):
@@ -184,3 +186,111 @@ def test_body_over_limit_is_413(client, make_team):
     huge = job_spec(name="x", resources={"gpus": 1, "regions": ["r" * 40] * 3000})
     response = client.post("/v1/jobs", json=huge, headers=headers)
     assert response.status_code == 413
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def run(**fields: object) -> dict:
+    return {**RUN, **fields}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "loc"),
+    [
+        ({"run": {}}, ["body", "run", "command"]),
+        ({"run": run(command="")}, ["body", "run", "command"]),
+        ({"run": run(command="   ")}, ["body", "run", "command"]),
+        ({"run": run(command="x" * 10_001)}, ["body", "run", "command"]),
+        ({"run": run(command="python\x00train.py")}, ["body", "run", "command"]),
+        ({"run": run(setup="s" * 16_385)}, ["body", "run", "setup"]),
+        ({"run": run(setup="pip install\x00")}, ["body", "run", "setup"]),
+        ({"run": run(image="PyTorch/PyTorch")}, ["body", "run", "image"]),
+        ({"run": run(image="pytorch:")}, ["body", "run", "image"]),
+        ({"run": run(image="pytorch pytorch")}, ["body", "run", "image"]),
+        ({"run": run(image="pytorch@sha256:123")}, ["body", "run", "image"]),
+        ({"run": run(image="pytorch/pytorch\n")}, ["body", "run", "image"]),
+        ({"run": run(image="a" * 256)}, ["body", "run", "image"]),
+        ({"run": run(env={"1ST": "x"})}, ["body", "run", "env", "1ST", "[key]"]),
+        ({"run": run(env={"A-B": "x"})}, ["body", "run", "env", "A-B", "[key]"]),
+        (
+            {"run": run(env={"BROKER_JOB_ID": "x"})},
+            ["body", "run", "env", "BROKER_JOB_ID", "[key]"],
+        ),
+        ({"run": run(env={"A": "x" * 4097})}, ["body", "run", "env", "A"]),
+        ({"run": run(env={"A": "x\x00"})}, ["body", "run", "env", "A"]),
+        ({"run": run(env={"A": 1})}, ["body", "run", "env", "A"]),
+        ({"run": run(env={f"V{i}": "x" for i in range(65)})}, ["body", "run", "env"]),
+        ({"run": run(workdir="http://example.com/w.tar.gz")}, ["body", "run", "workdir"]),
+        ({"run": run(workdir="file:///home/me/w.tar.gz")}, ["body", "run", "workdir"]),
+        ({"run": run(workdir="s3://Bucket/w.tar.gz")}, ["body", "run", "workdir"]),
+        ({"run": run(workdir="s3://bucket")}, ["body", "run", "workdir"]),
+        ({"run": run(workdir="https://example.com/a b")}, ["body", "run", "workdir"]),
+        ({"run": run(workdir="s3://bucket/k\x00")}, ["body", "run", "workdir"]),
+        ({"run": run(extra=1)}, ["body", "run", "extra"]),
+        ({"max_restarts_on_errors": -1}, ["body", "max_restarts_on_errors"]),
+        ({"max_restarts_on_errors": 11}, ["body", "max_restarts_on_errors"]),
+        ({"max_restarts_on_errors": "two"}, ["body", "max_restarts_on_errors"]),
+    ],
+)
+def test_bad_run_blocks_name_the_field(client, make_team, overrides, loc):
+    _, headers = make_team()
+    response = client.post("/v1/jobs", json=job_spec(**overrides), headers=headers)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == loc, response.text
+
+
+def test_a_full_run_block_is_stored_with_the_job(client, make_team):
+    _, headers = make_team()
+    block = {
+        "command": "python train.py --epochs 90",
+        "setup": "pip install -r requirements.txt\necho ready",
+        "image": f"registry.example.com:5000/team/trainer:2.5.1-cuda12.4@{DIGEST}",
+        "env": {"WANDB_MODE": "offline", "_x1": "", "broker_lower": "allowed"},
+        "workdir": "https://example.com/code.tar.gz?version=3",
+    }
+    spec = job_spec(run=block, max_restarts_on_errors=2)
+    response = client.post("/v1/jobs", json=spec, headers=headers)
+    assert response.status_code == 201, response.text
+    stored = client.get(f"/v1/jobs/{response.json()['id']}", headers=headers).json()["spec"]
+    assert stored["run"] == block and stored["max_restarts_on_errors"] == 2
+    defaults = client.post("/v1/jobs", json=job_spec(name="plain"), headers=headers).json()
+    assert defaults["spec"]["run"] == {
+        **RUN,
+        "setup": None,
+        "image": None,
+        "env": {},
+        "workdir": None,
+    }
+    assert defaults["spec"]["max_restarts_on_errors"] == 0
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "ubuntu",
+        "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
+        "nvcr.io/nvidia/pytorch:24.08-py3",
+        "localhost:5000/trainer",
+        f"ghcr.io/org/trainer@{DIGEST}",
+        f"trainer:latest@{DIGEST}",
+    ],
+)
+def test_docker_image_references_are_accepted(client, make_team, image):
+    _, headers = make_team()
+    response = client.post("/v1/jobs", json=job_spec(run=run(image=image)), headers=headers)
+    assert response.status_code == 201, response.text
+
+
+def test_a_submission_needs_a_run_block_but_a_quote_does_not(client, make_team):
+    _, headers = make_team()
+    missing = client.post("/v1/jobs", json=quote_spec(), headers=headers)
+    assert missing.status_code == 422
+    assert missing.json()["detail"][0]["loc"] == ["body", "run"]
+    null = client.post("/v1/jobs", json=job_spec(run=None), headers=headers)
+    assert null.status_code == 422 and null.json()["detail"][0]["loc"][:2] == ["body", "run"]
+    without = client.post("/v1/quotes", json=quote_spec(), headers=headers)
+    assert without.status_code == 200, without.text
+    with_run = client.post("/v1/quotes", json=job_spec(max_restarts_on_errors=3), headers=headers)
+    assert with_run.status_code == 200, with_run.text
+    assert with_run.json() == without.json()  # the program changes no plan

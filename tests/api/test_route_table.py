@@ -83,6 +83,25 @@ def _spend(client, a, b, b_headers, admin):  # type: ignore[no-untyped-def]
     assert client.get("/v1/spend", params={"group_by": "job"}, headers=a).json()["rows"] == []
 
 
+def _logs(client, a, b, b_headers, admin):  # type: ignore[no-untyped-def]
+    job_id = _b_job(client, b_headers)
+    assert client.get(f"/v1/jobs/{job_id}/logs", headers=a).status_code == 404
+    assert client.get(f"/v1/jobs/{job_id}/logs?follow=true", headers=a).status_code == 404
+
+
+def _workdirs(client, a, b, b_headers, admin):  # type: ignore[no-untyped-def]
+    # An upload lands in the caller's own folder (tests/api/test_workdirs.py); a job of A's
+    # cannot name an object in B's.
+    from broker.settings import get_settings
+
+    theirs = f"s3://{get_settings().checkpoint_bucket}/workdirs/{b['id']}/{'0' * 64}.tar.gz"
+    spec = job_spec(run={"command": "python train.py", "workdir": theirs})
+    response = client.post("/v1/jobs", json=spec, headers=a)
+    assert response.status_code == 422 and "run.workdir" in response.text
+    bad = client.post("/v1/workdirs", content=b"not a tar.gz", headers=a)
+    assert bad.status_code == 422
+
+
 def _admin_only(method: str, path: str) -> Case:
     def case(client, a, b, b_headers, admin):  # type: ignore[no-untyped-def]
         url = path.replace("{team_id}", b["id"]).replace("{key_id}", "key_x")
@@ -103,6 +122,17 @@ def _progress(client, a, b, b_headers, admin):  # type: ignore[no-untyped-def]
     assert response.status_code in (401, 404)
 
 
+def _agent_route(method: str, path: str, **request: object) -> Case:
+    # Agent routes take an attempt token only: a team key reaches no attempt's run spec,
+    # logs, checkpoints or exit (tests/api/test_agent_routes.py: one attempt's token no other).
+    def case(client, a, b, b_headers, admin):  # type: ignore[no-untyped-def]
+        url = _fill(path)
+        response = client.request(method, url, headers=a, **request)  # type: ignore[arg-type]
+        assert response.status_code in (401, 404), (method, path, response.text)
+
+    return case
+
+
 ISOLATION: dict[tuple[str, str], Case] = {
     ("GET", "/v1/jobs/{job_id}"): _get_job,
     ("POST", "/v1/jobs/{job_id}/cancel"): _cancel_job,
@@ -111,7 +141,24 @@ ISOLATION: dict[tuple[str, str], Case] = {
     ("GET", "/v1/budget"): _budget,
     ("GET", "/v1/spend"): _spend,
     ("POST", "/v1/quotes"): _quote,
+    ("GET", "/v1/jobs/{job_id}/logs"): _logs,
+    ("POST", "/v1/workdirs"): _workdirs,
     ("POST", "/v1/attempts/{attempt_id}/progress"): _progress,
+    ("GET", "/v1/attempts/{attempt_id}/run"): _agent_route("GET", "/v1/attempts/{attempt_id}/run"),
+    ("POST", "/v1/attempts/{attempt_id}/checkpoints"): _agent_route(
+        "POST", "/v1/attempts/{attempt_id}/checkpoints", json={"work_done": 1}
+    ),
+    ("POST", "/v1/attempts/{attempt_id}/logs"): _agent_route(
+        "POST", "/v1/attempts/{attempt_id}/logs", content=b"x"
+    ),
+    ("POST", "/v1/attempts/{attempt_id}/exit"): _agent_route(
+        "POST", "/v1/attempts/{attempt_id}/exit", json={"exit_code": 0, "tail": ""}
+    ),
+    ("POST", "/v1/attempts/{attempt_id}/preempted"): _agent_route(
+        "POST", "/v1/attempts/{attempt_id}/preempted", json={"reason": "x"}
+    ),
+    ("GET", "/v1/agent"): _agent_route("GET", "/v1/agent", params={"attempt": "att_x"}),
+    ("GET", "/v1/agent/sdk"): _agent_route("GET", "/v1/agent/sdk", params={"attempt": "att_x"}),
     **{
         (m, p): _admin_only(m, p)
         for m, p in [

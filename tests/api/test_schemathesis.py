@@ -21,6 +21,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from broker.api import create_app
+from broker.settings import get_settings
 from tests.helpers import job_spec
 
 BASE_URL = "http://testserver"
@@ -46,6 +47,8 @@ FUZZ = settings(
 # with it reach planning and admission instead of stopping at the deadline check.
 ON_TIME = "2026-12-05T12:00:00Z"
 
+# POST /v1/workdirs takes a tar.gz: its fuzzed bodies go as the raw bytes they are.
+schemathesis.serializer.alias("application/gzip", "application/octet-stream")
 # The schema is the app's own; requests go to each test's app (on the test database).
 schema = schemathesis.openapi.from_dict(create_app().openapi())
 calls: Counter[str] = Counter()
@@ -53,8 +56,10 @@ unauthenticated: Counter[int] = Counter()
 
 
 @pytest.fixture
-def asgi(app) -> ASGIClient:  # type: ignore[no-untyped-def]
+def asgi(app, monkeypatch) -> ASGIClient:  # type: ignore[no-untyped-def]
     """A requests session that reaches the test's app in-process."""
+    # A followed log streams until its job has finished: a fuzzed follow ends at once.
+    monkeypatch.setattr(get_settings(), "log_follow_seconds", 0.01)
     return ASGIClient(app, base_url=BASE_URL)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import tarfile
 import threading
 import time
 from datetime import timedelta
@@ -14,7 +16,7 @@ from broker.core.job_status import JobStatus
 from broker.db.models import Job
 from broker.services import lifecycle
 from broker.services.plans import job_plan
-from tests.cli.support import failed, job_file, ok, submitted_id
+from tests.cli.support import failed, job_file, ok, printed, submitted_id
 from tests.conftest import START
 from tests.helpers import LEASE
 
@@ -112,3 +114,92 @@ def test_watch_ends_at_once_for_a_cancelled_job(broker_cli, team_key, tmp_path):
     assert time.monotonic() - started < 3
     assert job_id in out and "cancelled" in out and "1 cancelled" in out
     assert "no unfinished jobs" in ok(broker_cli("jobs", "watch", token=token))
+
+
+def test_submit_with_a_workdir_packs_and_uploads_the_folder(
+    broker_cli, team_key, tmp_path, store, client
+):
+    team, token = team_key
+    code = tmp_path / "code"
+    (code / ".git").mkdir(parents=True)
+    (code / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (code / "pkg" / "__pycache__").mkdir(parents=True)
+    (code / "pkg" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\0")
+    (code / "pkg" / "m.py").write_text("X = 1\n")
+    (code / "train.py").write_text("print('training')\n")
+    spec = job_file(tmp_path)
+    out = ok(broker_cli("jobs", "submit", str(spec), "--workdir", str(code), token=token))
+    job = client.get(
+        f"/v1/jobs/{submitted_id(out)}", headers={"Authorization": f"Bearer {token}"}
+    ).json()
+    workdir = job["spec"]["run"]["workdir"]
+    prefix = f"s3://{store.bucket}/workdirs/{team['id']}/"
+    assert workdir.startswith(prefix) and workdir.endswith(".tar.gz")
+    assert job["spec"]["run"]["command"] == "python train.py --steps 40000"
+    with tarfile.open(
+        fileobj=io.BytesIO(store.get(workdir.removeprefix(f"s3://{store.bucket}/")))
+    ) as tar:
+        assert sorted(tar.getnames()) == ["pkg", "pkg/m.py", "train.py"]
+        assert tar.extractfile("train.py").read() == b"print('training')\n"
+
+
+def test_submit_with_a_workdir_needs_a_run_block_and_a_folder(broker_cli, team_key, tmp_path):
+    _, token = team_key
+    no_run = tmp_path / "norun.yaml"
+    no_run.write_text(job_file(tmp_path).read_text().replace("run:", "# run:"))
+    out = failed(broker_cli("jobs", "submit", str(no_run), "--workdir", str(tmp_path), token=token))
+    assert "run block" in out
+    out = failed(broker_cli("jobs", "submit", str(no_run), token=token))
+    assert "run" in out and "HTTP 422" in out
+    missing = tmp_path / "nowhere"
+    out = failed(
+        broker_cli(
+            "jobs", "submit", str(job_file(tmp_path)), "--workdir", str(missing), token=token
+        )
+    )
+    assert "nowhere" in out
+
+
+def test_logs_prints_every_attempt_or_one_and_follows_to_the_end(
+    broker_cli, team_key, tmp_path, db_engine, clock, live_server, store
+):
+    _, token = team_key
+    job_id = submitted_id(ok(broker_cli("jobs", "submit", str(job_file(tmp_path)), token=token)))
+    assert printed(broker_cli("jobs", "logs", job_id, token=token)) == ""
+    with Session(db_engine, expire_on_commit=False) as session:
+        attempt, attempt_token = lifecycle.begin_attempt(
+            session, job_id, job_plan(session.get(Job, job_id)), clock.now()
+        )
+        lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now(), lease_seconds=LEASE)
+    agent = {"Authorization": f"Bearer {attempt_token}", "Content-Type": "text/plain"}
+    url = f"{live_server}/v1/attempts/{attempt.id}/logs"
+    for text in ("epoch 1\n", "epoch 2\nepoch 3\n"):
+        assert httpx.post(url, content=text, headers=agent).status_code == 200
+
+    whole = printed(broker_cli("jobs", "logs", job_id, token=token))
+    assert whole == f"==> attempt {attempt.id} ({attempt.zone}, {attempt.market}) <==\n" + (
+        "epoch 1\nepoch 2\nepoch 3\n"
+    )
+    assert (
+        printed(
+            broker_cli("jobs", "logs", job_id, "--attempt", attempt.id, "--tail", "1", token=token)
+        )
+        == "epoch 3\n"
+    )
+    out = failed(broker_cli("jobs", "logs", job_id, "--attempt", "att_nope", token=token))
+    assert "not found" in out and "HTTP 404" in out
+    assert failed(broker_cli("jobs", "logs", job_id, "--tail", "0", token=token))
+
+    def finish_soon() -> None:
+        time.sleep(1.2)
+        httpx.post(url, content="done\n", headers=agent)
+        with Session(db_engine, expire_on_commit=False) as session:
+            lifecycle.program_exited(session, attempt.id, 0, "done", clock.now())
+
+    worker = threading.Thread(target=finish_soon)
+    worker.start()
+    followed = printed(
+        broker_cli("jobs", "logs", job_id, "-f", "--attempt", attempt.id, token=token)
+    )
+    worker.join()
+    assert followed == "epoch 1\nepoch 2\nepoch 3\ndone\n"

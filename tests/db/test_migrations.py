@@ -163,3 +163,60 @@ def test_0004_stores_plan_money_as_micros_and_its_downgrade_restores_the_strings
     assert list(plans["job_1"]) == list(STRING_PLAN)  # type: ignore[call-overload]
     assert plans["job_2"] is None
     assert plans["job_3"] == {**STRING_PLAN, "expected_hours": 3.1235, "worst_case_cost": "10.00"}
+
+
+ATTEMPT = sa.table(
+    "attempt",
+    *(sa.column(name) for name in ("id", "job_id", "team_id", "provider", "region", "zone")),
+    *(sa.column(name) for name in ("instance_type", "gpu", "gpu_count", "market", "status")),
+    *(sa.column(name) for name in ("price_micros_per_hour", "token_hash", "work_at_start")),
+    *(sa.column(name) for name in ("work_done", "billed_seconds", "cost_micros")),
+    sa.column("created_at", sa.DateTime(timezone=True)),
+)
+AGENT_COLUMNS = {"last_heard_at", "exit_code", "log_bytes", "log_chunks"}
+
+
+def test_0006_gives_existing_attempts_an_unheard_agent_and_an_empty_log(empty_engine):
+    upgrade(empty_engine, "0005")
+    with empty_engine.begin() as connection:
+        connection.execute(
+            TEAM.insert().values(
+                id="team_1",
+                name="kept",
+                budget_limit_micros=5_000_000,
+                budget_period="month",
+                alert_at=0.8,
+                created_at=AT,
+                updated_at=AT,
+            )
+        )
+        connection.execute(JOB.insert(), [_job("job_1", MICROS_PLAN)])
+        connection.execute(
+            ATTEMPT.insert().values(
+                id="att_1",
+                job_id="job_1",
+                team_id="team_1",
+                **{k: WHERE[k] for k in ("provider", "region", "zone", "instance_type", "gpu")},
+                gpu_count=1,
+                market="spot",
+                status="running",
+                price_micros_per_hour=918_000,
+                token_hash="0" * 64,
+                work_at_start=0.0,
+                work_done=10.0,
+                billed_seconds=60.0,
+                cost_micros=15_300,
+                created_at=AT,
+            )
+        )
+    upgrade(empty_engine, "0006")
+    with empty_engine.connect() as connection:
+        row = connection.execute(
+            text("SELECT last_heard_at, exit_code, log_bytes, log_chunks FROM attempt")
+        ).one()
+    assert tuple(row) == (None, None, 0, 0)
+    downgrade(empty_engine, "0005")
+    columns = {c["name"] for c in inspect(empty_engine).get_columns("attempt")}
+    assert not AGENT_COLUMNS & columns
+    with empty_engine.connect() as connection:
+        assert connection.execute(text("SELECT work_done FROM attempt")).scalar() == 10.0

@@ -112,6 +112,20 @@ def test_a_dead_worker_is_started_again_and_its_beat_dies_with_it(
     assert new in session_of(new)
 
 
+def test_agents_get_patience_on_the_fast_clock_and_instances_a_private_folder(
+    stack: EmbeddedStack,
+) -> None:
+    patient = f"{max(600.0, 30 * stack.scale):g}"
+    assert stack.env["BROKER_AGENT_SILENCE_SECONDS"] == patient
+    assert stack.env["BROKER_AGENT_BOOT_GRACE_SECONDS"] == patient
+    assert stack.env["BROKER_AGENT_REPORT_SECONDS"] == f"{max(60.0, stack.scale):g}"
+    folder = stack.data_dir / "instances"
+    assert stack.cloud.instances.instances_dir == folder
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert stack.cloud.instances.runner == "process"
+    assert stack.speed_overrides is stack.cloud.instances.speed_overrides
+
+
 def test_stopping_the_stack_does_not_restart_anything(tmp_path: Path) -> None:
     running = EmbeddedStack(tmp_path / "stopping", extra_env=QUICK).start()
     pids = running.child_pids()

@@ -20,6 +20,8 @@ from broker.core.job_status import TERMINAL
 from tests.helpers import drop_postgres, fresh_postgres, reachable
 
 PG_BASE = os.environ.get("BROKER_TEST_DATABASE_URL")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+"""The folder the end-to-end jobs run in: ``train.py`` is their program."""
 SCALE = 1200.0
 CELERY_URLS = {
     "rabbitmq": ("amqp://guest:guest@127.0.0.1:5672//", 5672),
@@ -77,6 +79,14 @@ class Api:
             self.team = admin.create_team(f"e2e-{secrets.token_hex(3)}", limit)
             self.key = admin.create_key(self.team["id"], "e2e")["token"]
         self.client = BrokerClient(stack.api_url, self.key)
+        self._workdir: str | None = None
+
+    def run(self, *flags: str) -> dict[str, str]:
+        """A run block: ``python train.py`` (with ``flags``) in ``examples/``, uploaded once
+        per team as its workdir."""
+        if self._workdir is None:
+            self._workdir = self.client.upload_workdir(EXAMPLES)
+        return {"command": " ".join(["python train.py", *flags]), "workdir": self._workdir}
 
     def close(self) -> None:
         self.client.close()
@@ -91,6 +101,7 @@ class Api:
             "deadline": (clock.now() + timedelta(hours=deadline_hours)).isoformat(),
             "max_cost": "60.00",
             "checkpoint": {"interval_minutes": 30, "size_gb": 5},
+            "run": self.run(),
         }
         spec.update(extra)
         return spec

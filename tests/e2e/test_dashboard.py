@@ -1,9 +1,10 @@
 """The dashboard in headless Chromium, on jobs the embedded stack really ran.
 
 A few of the demo's jobs run to the end on the local clouds (real Celery worker, market
-replay, simulated training); then Debian's Chromium, driven by selenium, logs in and loads
-every page: the jobs are listed, every chart canvas has pixels drawn, the browser logs no
-error, and a screenshot of each page lands in ``test-artifacts/`` (or $BROKER_TEST_ARTIFACTS).
+replay, instances running the agent and examples/train.py); then Debian's Chromium, driven
+by selenium, logs in and loads every page: the jobs are listed, every chart canvas has
+pixels drawn, the browser logs no error, and a screenshot of each page lands in
+``test-artifacts/`` (or $BROKER_TEST_ARTIFACTS).
 """
 
 from __future__ import annotations

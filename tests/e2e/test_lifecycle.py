@@ -1,9 +1,9 @@
 """Jobs through the REST API, driven by a real Celery worker + beat, on the local clouds.
 
 One stack per module: API (uvicorn) and Celery worker (with beat) as subprocesses, moto and
-the GCE fake with market replay and simulated training agents in this process, a 1200x
-scaled clock. Without BROKER_TEST_DATABASE_URL: SQLite + kombu's file-system transport (no
-server). With it: PostgreSQL + RabbitMQ and PostgreSQL + Redis (skipped when absent).
+the GCE fake with market replay in this process, each instance a process group running the
+agent, a 1200x scaled clock. Without BROKER_TEST_DATABASE_URL: SQLite + kombu's file-system
+transport (no server). With it: PostgreSQL + RabbitMQ and PostgreSQL + Redis (skipped when absent).
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def test_job_whose_max_cost_runs_out_stops_without_overspending(stack: Any) -> N
     worst = api.quote(spec)["plans"][0]["worst_case_cost"]
     spec["max_cost"] = worst
     job = api.submit(spec)
-    stack.training.speed_overrides[job["id"]] = 0.5  # the GPU turns out half as fast
+    stack.speed_overrides[job["id"]] = 0.5  # the GPU turns out half as fast
     done = api.finish(job["id"])
     assert done["status"] == "budget_exhausted", done
     assert to_micros(done["spent"]) <= to_micros(worst)
@@ -202,7 +202,6 @@ def test_reconcile_terminates_a_tagged_instance_the_database_does_not_know(stack
             gpu="V100",
             gpu_count=1,
             tags={TAG_JOB: "job_unknown", TAG_ATTEMPT: "att_unknown", TAG_TEAM: "team_x"},
-            user_data={},
         )
     )
     assert aws.describe(ref).status == "running"

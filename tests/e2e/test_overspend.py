@@ -31,6 +31,7 @@ def _small_spec(api: Api, index: int) -> dict:
         "deadline": (clock.now() + timedelta(hours=6)).isoformat(),
         "max_cost": "0.06",
         "checkpoint": {"interval_minutes": 30, "size_gb": 0},
+        "run": api.run(),
     }
 
 

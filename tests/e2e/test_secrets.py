@@ -2,8 +2,8 @@
 every log for the admin token, the team key, the agent secret and the per-attempt agent tokens.
 
 The stack logs at "info": the API's and the Celery worker's output go to <data_dir>/api.log and
-worker.log; this process (local clouds, moto's and the GCE fake's request logs, the
-simulated training agents that read the user data and report with the agent token) is
+worker.log; the instances' (boot script, agent, program) under <data_dir>/instances; this
+process (local clouds, moto's and the GCE fake's request logs, the metadata server) is
 captured with caplog at DEBUG. The broker's log handler redacts token values as a second line
 of defence, so a "[redacted]" in a log is a leak at the source too (something logged a token).
 """
@@ -98,6 +98,11 @@ def test_tokens_never_appear_in_logs(tmp_path: Path, caplog: pytest.LogCaptureFi
         assert lines, f"{name}.log is empty: the stack did not log at info"
         if leaks := _leaks("\n".join(lines), tokens):
             failures.append(f"{name}.log: {leaks}: {_where(lines, tokens)}")
+    # What the instances wrote (the boot script, the agent, the program) that is left on disk.
+    for log in sorted((stack.data_dir / "instances").rglob("*.log")):
+        text = log.read_text(errors="replace")
+        if leaks := _leaks(text, tokens):
+            failures.append(f"{log}: {leaks}: {_where(text.splitlines(), tokens)}")
     # This process: each record's message, arguments, extra fields and traceback.
     records = [
         repr(record.__dict__) + "\n" + caplog.handler.format(record) for record in caplog.records

@@ -48,6 +48,7 @@ def _run_jobs(
             "resources": {"gpus": 1, "providers": ["aws" if i % 2 else "gcp"]},
             "deadline": (clock.now() + timedelta(hours=14)).isoformat(),
             "max_cost": "80.00",
+            "run": api.run(),
         }
         ids.append(api.submit(spec)["id"])
     deadline = time.monotonic() + timeout

@@ -77,7 +77,7 @@ class ProviderCase:
             "gpu": self.gpu,
             "gpu_count": 1,
             "tags": {"broker-job": "job-1", "broker-attempt": token, "broker-team": "Vision"},
-            "user_data": {"checkpoint_key": "jobs/job-1/ckpt-0001", "agent_token": "secret"},
+            "boot_script": "",
         }
         values.update(changes)
         return LaunchRequest(**values)  # type: ignore[arg-type]

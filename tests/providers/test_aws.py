@@ -3,47 +3,79 @@
 from __future__ import annotations
 
 import base64
-import json
+import logging
 import uuid
+from typing import Any
 
 import boto3
 import pytest
 
 from providers.aws import AwsProvider
+from providers.aws_setup import IMAGE_NAMES, SECURITY_GROUP
 from providers.base import LaunchRequest, ProviderError
+from providers.boot import boot_script
 from providers.local import LocalCloud
 from providers.retry import FAST_RETRY
 
-
-@pytest.fixture
-def aws(local_cloud: LocalCloud) -> AwsProvider:
-    return AwsProvider.from_settings(local_cloud.settings(), retry=FAST_RETRY)
+# Nothing listens there: the instance's agent fetch fails, which these tests do not watch.
+API_URL = "http://127.0.0.1:9"
 
 
-@pytest.fixture
-def ec2(local_cloud: LocalCloud):  # noqa: ANN201 - a boto3 client
+def _client(cloud: LocalCloud, service: str, region: str = "us-east-1") -> Any:
     return boto3.client(
-        "ec2",
-        region_name="us-east-1",
-        endpoint_url=local_cloud.aws_endpoint_url,
+        service,
+        region_name=region,
+        endpoint_url=cloud.aws_endpoint_url,
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
     )
 
 
-def _request(market: str = "spot", zone: str = "use1-az1") -> LaunchRequest:
-    token = str(uuid.uuid4())
+@pytest.fixture(scope="module")
+def images(local_cloud_session: LocalCloud) -> dict[str, str]:
+    """A Deep Learning Base AMI per architecture, registered in us-east-1 (moto has none)."""
+    ec2 = _client(local_cloud_session, "ec2")
+    return {
+        arch: ec2.register_image(Name=pattern.replace("*", "20250101"), Architecture=arch)[
+            "ImageId"
+        ]
+        for arch, pattern in IMAGE_NAMES.items()
+    }
+
+
+@pytest.fixture
+def aws(local_cloud: LocalCloud, images: dict[str, str]) -> AwsProvider:
+    # The registered images are the account's own, not Amazon's; the local cloud's own image
+    # ids (its settings) are left out so that the lookup by name is what runs.
+    return AwsProvider.from_settings(
+        local_cloud.settings(), retry=FAST_RETRY, image_owners=["self"], image_ids={}
+    )
+
+
+@pytest.fixture
+def ec2(local_cloud: LocalCloud):  # noqa: ANN201 - a boto3 client
+    return _client(local_cloud, "ec2")
+
+
+def _request(
+    market: str = "spot", zone: str = "use1-az1", instance_type: str = "g4dn.xlarge"
+) -> LaunchRequest:
+    token = f"att_{uuid.uuid4().hex[:16]}"
     return LaunchRequest(
         token=token,
         provider="aws",
         region="us-east-1",
         zone=zone,
-        instance_type="g4dn.xlarge",
+        instance_type=instance_type,
         market=market,  # type: ignore[arg-type]
         gpu="T4",
         tags={"broker-job": "j-7", "broker-attempt": token, "broker-team": "nlp"},
-        user_data={"checkpoint_key": "jobs/j-7/ckpt-12", "agent_url": "http://agent"},
+        boot_script=boot_script(API_URL, token, "att_1.secret", "aws"),
     )
+
+
+def _instance(ec2: Any, instance_id: str) -> dict[str, Any]:
+    return ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
 
 
 def test_zone_ids_resolve_to_zone_names(aws: AwsProvider) -> None:
@@ -53,14 +85,14 @@ def test_zone_ids_resolve_to_zone_names(aws: AwsProvider) -> None:
         aws.resolve_zone("us-east-1", "use1-az99")
 
 
-def test_spot_launch_carries_market_options_tags_and_resume_data(aws: AwsProvider, ec2) -> None:  # noqa: ANN001
+def test_spot_launch_carries_market_options_tags_and_the_boot_script(
+    aws: AwsProvider, ec2: Any
+) -> None:
     request = _request()
     ref = aws.launch(request)
     try:
         assert ref.zone == "us-east-1b"
-        instance = ec2.describe_instances(InstanceIds=[ref.instance_id])["Reservations"][0][
-            "Instances"
-        ][0]
+        instance = _instance(ec2, ref.instance_id)
         assert instance["InstanceLifecycle"] == "spot"
         assert instance["Placement"]["AvailabilityZone"] == "us-east-1b"
         tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
@@ -68,19 +100,109 @@ def test_spot_launch_carries_market_options_tags_and_resume_data(aws: AwsProvide
         attribute = ec2.describe_instance_attribute(
             InstanceId=ref.instance_id, Attribute="userData"
         )
-        user_data = json.loads(base64.b64decode(attribute["UserData"]["Value"]))
-        assert user_data == request.user_data
+        assert base64.b64decode(attribute["UserData"]["Value"]).decode() == request.boot_script
     finally:
         aws.terminate(ref)
 
 
-def test_on_demand_launch_has_no_spot_lifecycle(aws: AwsProvider, ec2) -> None:  # noqa: ANN001
+def test_instances_use_imdsv2_no_inbound_access_and_terminate_on_shutdown(
+    aws: AwsProvider, ec2: Any
+) -> None:
     ref = aws.launch(_request(market="on_demand"))
     try:
-        instance = ec2.describe_instances(InstanceIds=[ref.instance_id])["Reservations"][0][
-            "Instances"
-        ][0]
-        assert "InstanceLifecycle" not in instance
+        instance = _instance(ec2, ref.instance_id)
+        options = instance["MetadataOptions"]
+        assert options["HttpTokens"] == "required"
+        assert options["HttpEndpoint"] == "enabled"
+        assert options["HttpPutResponseHopLimit"] == 2
+        behaviour = ec2.describe_instance_attribute(
+            InstanceId=ref.instance_id, Attribute="instanceInitiatedShutdownBehavior"
+        )
+        assert behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+        assert [g["GroupName"] for g in instance["SecurityGroups"]] == [SECURITY_GROUP]
+        assert "IamInstanceProfile" not in instance
+        group = ec2.describe_security_groups(GroupIds=[instance["SecurityGroups"][0]["GroupId"]])
+        assert group["SecurityGroups"][0]["IpPermissions"] == []
+    finally:
+        aws.terminate(ref)
+
+
+def test_the_security_group_is_made_once_per_region_and_found_again(
+    local_cloud: LocalCloud, images: dict[str, str], ec2: Any
+) -> None:
+    groups = {
+        AwsProvider.from_settings(local_cloud.settings(), retry=FAST_RETRY).setup.security_group(
+            "us-east-1"
+        )
+        for _ in range(2)
+    }
+    found = ec2.describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": [SECURITY_GROUP]}]
+    )["SecurityGroups"]
+    assert groups == {found[0]["GroupId"]} and len(found) == 1
+    west = _client(local_cloud, "ec2", "us-west-2")
+    other = AwsProvider.from_settings(local_cloud.settings()).setup.security_group("us-west-2")
+    assert other not in groups
+    assert west.describe_security_groups(GroupIds=[other])["SecurityGroups"][0]["VpcId"]
+
+
+def test_instances_get_the_instance_profile_when_one_is_set(
+    local_cloud: LocalCloud, images: dict[str, str], ec2: Any
+) -> None:
+    name = f"broker-instances-{uuid.uuid4().hex[:6]}"
+    _client(local_cloud, "iam").create_instance_profile(InstanceProfileName=name)
+    aws = AwsProvider.from_settings(
+        local_cloud.settings(), retry=FAST_RETRY, image_owners=["self"], instance_profile=name
+    )
+    ref = aws.launch(_request(market="on_demand"))
+    try:
+        assert _instance(ec2, ref.instance_id)["IamInstanceProfile"]["Arn"].endswith(
+            f"instance-profile/{name}"
+        )
+        assert aws.instance_profile_arn(name).endswith(name)
+        with pytest.raises(ProviderError, match="NoSuchEntity"):
+            aws.instance_profile_arn("no-such-profile")
+    finally:
+        aws.terminate(ref)
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "architecture"), [("g5g.xlarge", "arm64"), ("p3.2xlarge", "x86_64")]
+)
+def test_the_image_follows_the_instance_types_architecture(
+    aws: AwsProvider, ec2: Any, images: dict[str, str], instance_type: str, architecture: str
+) -> None:
+    assert aws.setup.architecture("us-east-1", instance_type) == architecture
+    ref = aws.launch(_request(market="on_demand", instance_type=instance_type))
+    try:
+        assert _instance(ec2, ref.instance_id)["ImageId"] == images[architecture]
+    finally:
+        aws.terminate(ref)
+
+
+def test_configured_images_win_per_region_then_per_architecture(local_cloud: LocalCloud) -> None:
+    aws = AwsProvider.from_settings(
+        local_cloud.settings(),
+        retry=FAST_RETRY,
+        image_ids={"us-east-1/arm64": "ami-0e9271c829888680e", "arm64": "ami-aaaa"},
+    )
+    assert aws.setup.image("us-east-1", "arm64") == "ami-0e9271c829888680e"
+    assert aws.setup.image("us-west-2", "arm64") == "ami-aaaa"
+
+
+def test_no_image_found_says_how_to_configure_one(local_cloud: LocalCloud) -> None:
+    aws = AwsProvider.from_settings(  # Amazon's images only, and none configured
+        local_cloud.settings(), retry=FAST_RETRY, image_ids={}
+    )
+    with pytest.raises(ProviderError, match="BROKER_AWS_IMAGE_IDS") as refused:
+        aws.launch(_request(instance_type="g5g.xlarge"))
+    assert "arm64" in str(refused.value) and "us-east-1/arm64" in str(refused.value)
+
+
+def test_on_demand_launch_has_no_spot_lifecycle(aws: AwsProvider, ec2: Any) -> None:
+    ref = aws.launch(_request(market="on_demand"))
+    try:
+        assert "InstanceLifecycle" not in _instance(ec2, ref.instance_id)
         assert aws.describe(ref).market == "on_demand"
     finally:
         aws.terminate(ref)
@@ -92,3 +214,15 @@ def test_user_termination_is_not_a_preemption(aws: AwsProvider) -> None:
     state = aws.describe(ref)
     assert state.status == "terminated"
     assert state.reason == "Client.UserInitiatedShutdown"
+
+
+def test_the_agent_token_stays_out_of_botocores_debug_logs(
+    aws: AwsProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    request = _request(market="on_demand")
+    caplog.set_level(logging.DEBUG, logger="botocore")
+    ref = aws.launch(request)
+    aws.terminate(ref)
+    encoded = base64.b64encode(request.boot_script.encode()).decode()
+    assert "user data omitted" in caplog.text
+    assert "att_1.secret" not in caplog.text and encoded[:60] not in caplog.text

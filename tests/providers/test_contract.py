@@ -10,6 +10,7 @@ import pytest
 from broker.clock import ManualClock
 from providers.base import CapacityError, InstanceRef, TransientError
 from providers.local import Fault, LocalCloud
+from providers.local.instances import NOTICE_SECONDS
 from providers.retry import RetryPolicy
 from tests.providers.conftest import ProviderCase
 
@@ -68,7 +69,7 @@ def test_list_managed_finds_exactly_the_brokers_instances(case: ProviderCase) ->
     assert elsewhere in case.provider.list_managed(case.other_region)
 
 
-def test_spot_instance_is_preempted_when_its_trace_turns_unavailable(
+def test_spot_instance_is_preempted_a_notice_window_after_its_trace_turns_unavailable(
     case: ProviderCase, local_cloud: LocalCloud, market_clock: ManualClock
 ) -> None:
     market = local_cloud.market
@@ -90,6 +91,12 @@ def test_spot_instance_is_preempted_when_its_trace_turns_unavailable(
     assert case.provider.describe(ref).status == "running"
     market_clock.advance(trace.gap_seconds)
     assert not market.is_available(name, case.market_zone, case.gpu)
+    market.step()  # the notice: the instance runs on through the window
+    assert case.provider.describe(ref).status == "running"
+    market_clock.advance(NOTICE_SECONDS[name] - 1)
+    market.step()
+    assert case.provider.describe(ref).status == "running"
+    market_clock.advance(1)
     assert market.step() >= 1
     state = case.provider.describe(ref)
     assert state.status == "preempted"

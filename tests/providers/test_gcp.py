@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import pytest
@@ -10,9 +9,13 @@ from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
-from providers.base import LaunchRequest
+from broker.clock import ManualClock
+from providers.base import LaunchRequest, ProviderError
+from providers.boot import boot_script
 from providers.gcp import GcpProvider
+from providers.gcp_instance import STORAGE_SCOPE, architecture, instance_resource
 from providers.local import LocalCloud
+from providers.local.instances import NOTICE_SECONDS
 from providers.retry import FAST_RETRY
 from tests.providers.conftest import gce_client
 
@@ -39,11 +42,12 @@ def _request(
         gpu=gpu,
         gpu_count=count,
         tags={"broker-job": "Job_42", "broker-attempt": token, "broker-team": "Vision Team"},
-        user_data={"checkpoint_key": "jobs/42/ckpt-3"},
+        # Nothing listens there: the instance's agent fetch fails, which these tests ignore.
+        boot_script=boot_script("http://127.0.0.1:9", token, "att_1.secret", "gcp"),
     )
 
 
-def test_n1_launch_attaches_guest_accelerators_labels_and_resume_metadata(
+def test_n1_launch_attaches_guest_accelerators_labels_and_the_boot_script(
     gcp: GcpProvider, local_cloud: LocalCloud
 ) -> None:
     request = _request()
@@ -56,8 +60,49 @@ def test_n1_launch_attaches_guest_accelerators_labels_and_resume_metadata(
     assert instance.labels["broker-team"] == "vision-team"
     assert instance.labels["broker-job"] == "job_42"
     metadata = {item.key: item.value for item in instance.metadata.items}
-    assert json.loads(metadata["broker-resume"]) == request.user_data
+    assert metadata == {"startup-script": request.boot_script, "install-nvidia-driver": "True"}
+    assert list(instance.service_accounts) == []  # none configured
+    source = instance.disks[0].initialize_params.source_image
+    assert source == (
+        "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-py310"
+    )
+    assert instance.network_interfaces[0].access_configs[0].type_ == "ONE_TO_ONE_NAT"
     gcp.terminate(ref)
+
+
+def test_instances_run_as_the_configured_service_account_with_storage_access(
+    local_cloud: LocalCloud,
+) -> None:
+    local_cloud.market.set_available("gcp", ZONE, "*", True)
+    account = "broker-instances@broker-local.iam.gserviceaccount.com"
+    gcp = GcpProvider.from_settings(
+        local_cloud.settings().model_copy(
+            update={"gcp_service_account": account, "gcp_image_families": {"x86_64": "my-fam"}}
+        ),
+        retry=FAST_RETRY,
+    )
+    ref = gcp.launch(_request("g2-standard-4", "L4", 1))
+    instance = gce_client(local_cloud).get(project=gcp.project, zone=ZONE, instance=ref.instance_id)
+    assert [(a.email, list(a.scopes)) for a in instance.service_accounts] == [
+        (account, [STORAGE_SCOPE])
+    ]
+    assert instance.disks[0].initialize_params.source_image.endswith("/family/my-fam")
+    gcp.terminate(ref)
+
+
+def test_the_image_family_follows_the_machines_architecture(gcp: GcpProvider) -> None:
+    assert architecture("a4x-highgpu-4g") == "arm64"
+    assert architecture("a3-highgpu-8g") == architecture("n1-standard-8") == "x86_64"
+    with pytest.raises(ProviderError, match="BROKER_GCP_IMAGE_FAMILIES"):
+        gcp.image("arm64")
+    gcp.image_families["arm64"] = "an-arm64-family"
+    request = _request("a4x-highgpu-4g", "B200", 4)
+    resource = instance_resource(
+        name="n", request=request, labels={}, termination_action="DELETE", image=gcp.image("arm64")
+    )
+    assert resource.disks[0].initialize_params.source_image == (
+        "projects/deeplearning-platform-release/global/images/family/an-arm64-family"
+    )
 
 
 def test_accelerator_optimized_types_need_no_guest_accelerators(
@@ -70,7 +115,7 @@ def test_accelerator_optimized_types_need_no_guest_accelerators(
 
 
 def test_stop_on_preemption_leaves_a_terminated_instance_seen_as_preempted(
-    local_cloud: LocalCloud,
+    local_cloud: LocalCloud, market_clock: ManualClock
 ) -> None:
     local_cloud.market.set_available("gcp", ZONE, "*", True)
     gcp = GcpProvider.from_settings(
@@ -78,6 +123,9 @@ def test_stop_on_preemption_leaves_a_terminated_instance_seen_as_preempted(
     )
     ref = gcp.launch(_request("g2-standard-4", "L4", 1))
     local_cloud.market.set_available("gcp", ZONE, "*", False)
+    assert local_cloud.market.step() == 0  # the notice
+    assert gcp.describe(ref).status == "running"
+    market_clock.advance(NOTICE_SECONDS["gcp"])
     assert local_cloud.market.step() >= 1
     state = gcp.describe(ref)
     assert state.status == "preempted"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import UTC, datetime
 
 import httpx
 import pytest
 
+from broker.clock import ScaledClock
 from providers.base import LaunchRequest
 from providers.gcp import GcpProvider
 from providers.local import LocalCloud
@@ -26,8 +28,9 @@ def test_env_points_the_broker_at_both_local_clouds(local_cloud: LocalCloud) -> 
 
 def test_background_replay_preempts_and_stop_releases_the_ports() -> None:
     zones = ["europe-west4-a"]
+    fast = ScaledClock(600.0, datetime.now(UTC))  # the 30 s notice passes in 0.05 s
     with LocalCloud(
-        aws_regions=["us-east-1"], gcp_zones=zones, market_interval_seconds=0.05
+        aws_regions=["us-east-1"], gcp_zones=zones, market_interval_seconds=0.05, clock=fast
     ) as cloud:
         gcp = GcpProvider.from_settings(cloud.settings(), retry=FAST_RETRY)
         cloud.market.set_available("gcp", zones[0], "*", True)
@@ -49,7 +52,7 @@ def test_background_replay_preempts_and_stop_releases_the_ports() -> None:
         while gcp.describe(ref).status != "preempted" and time.monotonic() < deadline:
             time.sleep(0.05)
         assert gcp.describe(ref).status == "preempted"
-        endpoints = [cloud.aws_endpoint_url, cloud.gcp_endpoint_url]
+        endpoints = [cloud.aws_endpoint_url, cloud.gcp_endpoint_url, cloud.instances.metadata_url]
     for url in endpoints:
         with pytest.raises(httpx.ConnectError):
             httpx.get(url, timeout=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.request
 import uuid
 
 import pytest
@@ -42,3 +43,17 @@ def test_throttled_store_calls_are_retried(
     local_cloud.faults.fail_next(2, Fault.SERVER_ERROR)
     assert store.get(key) == b"x"
     assert local_cloud.faults.total_injected == 4
+
+
+def test_presigned_urls_get_and_put_without_credentials(store: S3CheckpointStore) -> None:
+    key = f"jobs/{uuid.uuid4()}/checkpoints/att_1/1.2e+06-1.tar.gz"
+    put = store.presigned_put(key, 60)
+    assert "X-Amz-Signature=" in put and "X-Amz-Expires=60" in put
+    upload = urllib.request.Request(
+        put, data=b"state", method="PUT", headers={"Content-Type": "application/gzip"}
+    )
+    with urllib.request.urlopen(upload) as reply:
+        assert reply.status == 200
+    assert store.get(key) == b"state"
+    with urllib.request.urlopen(store.presigned_get(key, 60)) as reply:
+        assert reply.read() == b"state"

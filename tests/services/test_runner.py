@@ -19,6 +19,7 @@ from broker.services.teams import hash_token
 from broker.services.wiring import agent_secret
 from broker.settings import Settings
 from providers.base import InstanceRef, InstanceState, LaunchRequest, TransientError
+from providers.boot import script_exports as exported
 from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen
 
 
@@ -110,13 +111,13 @@ def test_a_restarted_broker_hands_a_retried_launch_the_token_the_api_accepts(
     # Restart: new settings read the same data folder, a new runner retries the launch.
     after = runner(db_engine, cloud, agent_secret(Settings(data_dir=tmp_path)))
     after.observe(attempt.id)
-    handed = cloud.requests[-1].user_data
-    assert handed["attempt_id"] == attempt.id
-    assert hash_token(handed["token"]) == attempt.token_hash
-    assert handed["checkpoint_prefix"] == f"jobs/{job.id}"
+    handed = exported(cloud.requests[-1].boot_script)
+    assert handed["BROKER_ATTEMPT_ID"] == attempt.id
+    assert hash_token(handed["BROKER_AGENT_TOKEN"]) == attempt.token_hash
     clock.advance(600)
     session.expire_all()  # the runner changed the job in its own sessions
-    done = report_progress(session, attempt.id, handed["token"], 10, None, clock.now())
+    token = handed["BROKER_AGENT_TOKEN"]
+    done = report_progress(session, attempt.id, token, 10, None, clock.now())
     assert done.status == "running" and done.work_done == 10
 
 

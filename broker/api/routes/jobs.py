@@ -1,25 +1,43 @@
-"""Team routes: submit, list, show and cancel jobs."""
+"""Team routes: submit, list, show and cancel jobs, and read their programs' logs."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, BackgroundTasks, Header, Query, Response, status
+from fastapi import (
+    APIRouter,
+    BackgroundTasks,
+    Depends,
+    Header,
+    HTTPException,
+    Query,
+    Response,
+    status,
+)
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from broker.api.deps import NowDep, SessionDep, TeamDep
-from broker.api.errors import INFEASIBLE_OR_INVALID, error_responses
+from broker.api.errors import INFEASIBLE_OR_INVALID, ErrorBody, error_responses
 from broker.api.present import job_out, job_summary
 from broker.api.schemas import ID_PATTERN, JobOut, JobPage, ResourceId
 from broker.core.job_status import JobStatus
-from broker.services import admission, dispatch, ledger, lifecycle
+from broker.services import admission, agent_channel, dispatch, job_logs, ledger, lifecycle
 from broker.services import job_views as queries
-from broker.services.job_spec import PRINTABLE, JobSpec
+from broker.services.job_spec import PRINTABLE, JobSubmission
+from broker.settings import get_settings
+from providers.base import ProviderError
+from providers.storage import S3CheckpointStore
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 403))
 
 IdempotencyKey = Annotated[
     str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200, pattern=PRINTABLE)
 ]
+StoreDep = Annotated[S3CheckpointStore, Depends(agent_channel.get_store)]
+TEXT = "text/plain; charset=utf-8"
+STORE_DOWN: dict[int | str, dict[str, Any]] = {
+    503: {"model": ErrorBody, "description": "The log store did not answer: ask again"}
+}
 
 
 @router.post(
@@ -29,7 +47,7 @@ IdempotencyKey = Annotated[
     responses={**error_responses(402, 409, 413), **INFEASIBLE_OR_INVALID},
 )
 def submit_job(
-    spec: JobSpec,
+    spec: JobSubmission,
     response: Response,
     session: SessionDep,
     now: NowDep,
@@ -80,3 +98,50 @@ def cancel_job(
 ) -> JobOut:
     background.add_task(dispatch.enqueue_terminate, lifecycle.cancel(session, team_id, job_id, now))
     return job_out(queries.job_view(session, team_id, job_id))
+
+
+def _unavailable(error: ProviderError) -> HTTPException:
+    return HTTPException(
+        status.HTTP_503_SERVICE_UNAVAILABLE,
+        detail={"code": "unavailable", "message": f"log not read: {error}"},
+    )
+
+
+@router.get(
+    "/{job_id}/logs",
+    response_class=Response,
+    responses={
+        200: {"content": {TEXT: {"schema": {"type": "string"}}}, "description": "The log"},
+        **error_responses(404),
+        **STORE_DOWN,
+    },
+)
+def get_logs(
+    job_id: ResourceId,
+    session: SessionDep,
+    team_id: TeamDep,
+    store: StoreDep,
+    attempt: Annotated[str | None, Query(min_length=1, max_length=64, pattern=ID_PATTERN)] = None,
+    tail: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+    follow: bool = False,
+) -> Response:
+    """The program's output: one ``attempt``'s, or every attempt's in order, each after a
+    line ``==> attempt <id> (<zone>, <market>) <==``; ``tail``: each one's last lines.
+    ``follow``: then stream new output until the job has finished (at most
+    ``BROKER_LOG_FOLLOW_SECONDS``)."""
+    if follow:
+        job_logs.log_state(session, team_id, job_id, attempt)  # 404 before the stream starts
+        lines = job_logs.follow_job_log(
+            store,
+            team_id,
+            job_id,
+            attempt,
+            tail,
+            max_seconds=get_settings().log_follow_seconds,
+        )
+        return StreamingResponse(lines, media_type=TEXT)
+    try:
+        text = job_logs.job_log(session, store, team_id, job_id, attempt, tail)
+    except ProviderError as error:
+        raise _unavailable(error) from error
+    return PlainTextResponse(text, media_type=TEXT)
