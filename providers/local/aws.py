@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 from xml.sax.saxutils import escape
 
 from moto.ec2.models import ec2_backends
@@ -119,7 +119,9 @@ class CloudBehaviour:
         self._launch_lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Any:
-        scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
+        # A signed header, or a presigned URL's X-Amz-Credential (the agents' checkpoints).
+        signed = environ.get("HTTP_AUTHORIZATION") or unquote(environ.get("QUERY_STRING", ""))
+        scope = _SCOPE.search(signed)
         service, region = (scope["service"], scope["region"]) if scope else ("", "")
         if service in ("ec2", "s3") and self.faults is not None:
             fault = self.faults.decide()

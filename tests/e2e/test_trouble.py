@@ -81,7 +81,8 @@ def test_jobs_finish_when_a_fifth_of_cloud_calls_fail(tmp_path: Path) -> None:
     with backend_stack(tmp_path / "faults", fault_rate=0.2) as (stack, _url):
         jobs = _run_jobs(stack, 4)
         assert all(j["status"] == "succeeded" for j in jobs), [j["status_reason"] for j in jobs]
-        assert stack.cloud.faults.total_injected > 20
+        # Cloud calls of the broker and the agents' presigned checkpoint transfers alike.
+        assert stack.cloud.faults.total_injected >= 10
         stack.cloud.faults.rate = 0.0  # so the orphan check itself is not refused
         _assert_settled(stack, jobs)
 
