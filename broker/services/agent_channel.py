@@ -26,7 +26,9 @@ from broker.core.errors import Conflict
 from broker.core.job_status import JobStatus, is_terminal
 from broker.db.models import Attempt, Checkpoint
 from broker.services import agent_reports, lifecycle
+from broker.services.calibration import calibrate
 from broker.services.lifecycle import ToTerminate
+from broker.services.quoting import get_planning
 from broker.services.spend_control import SpendControls
 from broker.settings import Settings, get_settings
 from providers.registry import build_checkpoint_store
@@ -306,6 +308,7 @@ def program_exited(
     restart from the latest checkpoint, or failure)."""
     attempt, job = agent_reports.heard(session, attempt_id, token, now)
     terminate = lifecycle.program_exited(session, attempt.id, exit_code, tail, now)
+    _learn_speed(session, attempt.id)
     session.refresh(job)
     log.info(
         "program exited %s: job %s",
@@ -323,6 +326,7 @@ def preemption_notice(
     could: the attempt ends now (billing stops) through ``lifecycle.preempted``."""
     attempt, job = agent_reports.heard(session, attempt_id, token, now)
     terminate = lifecycle.preempted(session, attempt.id, now, reason or None)
+    _learn_speed(session, attempt.id)
     session.refresh(job)
     log.info(
         "preemption notice: %s",
@@ -330,3 +334,14 @@ def preemption_notice(
         extra={"job_id": job.id, "attempt_id": attempt.id, "zone": attempt.zone},
     )
     return AgentEnd(job.id, job.status, terminate, relaunch=job.status in _WAITING)
+
+
+def _learn_speed(session: Session, attempt_id: str) -> None:
+    """Fold the ended attempt's speed into the throughput corrections, as the runner does for
+    the attempts it ends; what the agent reported is already committed, so a failure here is
+    logged, never the agent's error."""
+    try:
+        calibrate(get_planning(), session, attempt_id)
+    except Exception:  # the exit is recorded; a correction missed is learnt from the next
+        session.rollback()
+        log.exception("calibration failed", extra={"attempt_id": attempt_id})

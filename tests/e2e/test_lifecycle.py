@@ -118,6 +118,14 @@ def test_capacity_error_in_one_zone_moves_to_the_next_plan(stack: Any) -> None:
     assert_ledger_matches_attempts(job["id"])
 
 
+def on_demand_checkpointed(job: Any) -> bool:
+    """Whether a running on-demand attempt of ``job`` has saved a checkpoint."""
+    running = {
+        a["id"] for a in job["attempts"] if a["market"] == "on_demand" and a["status"] == "running"
+    }
+    return any(c["attempt_id"] in running for c in job["checkpoints"])
+
+
 def test_auto_job_on_on_demand_moves_back_to_spot_when_spot_returns(stack: Any) -> None:
     from broker.db.engine import get_engine
     from broker.db.models import Attempt
@@ -129,12 +137,8 @@ def test_auto_job_on_on_demand_moves_back_to_spot_when_spot_returns(stack: Any) 
         set_spot(stack, plan, False)
     try:
         job = api.submit(spec)
-        api.wait(
-            job["id"],
-            lambda j: any(
-                a["market"] == "on_demand" and a["status"] == "running" for a in j["attempts"]
-            ),
-        )
+        # Spot returns once the on-demand attempt has saved a checkpoint to move back from.
+        api.wait(job["id"], on_demand_checkpointed)
         for plan in spot_plans:
             set_spot(stack, plan, True)
         done = api.finish(job["id"])

@@ -9,7 +9,7 @@ import pytest
 from sqlmodel import Session, select
 
 from broker.core.errors import Conflict, NotFound
-from broker.db.models import Attempt, Job
+from broker.db.models import Attempt, Job, ThroughputCorrection
 from broker.services import agent_channel, agent_reports, lifecycle
 from broker.services.agent_channel import cut_log
 from broker.services.ledger import job_reserved, job_spent
@@ -52,6 +52,31 @@ def test_exit_0_succeeds_the_job_and_releases_its_reservation(session, clock, su
     assert job.status_reason == "program exited 0" and job.finished_at == clock.now()
     assert ended.status == "ended" and ended.exit_code == 0 and ended.billed_seconds == 1800
     assert job_reserved(session, job.id) == 0 and job_spent(session, job.id) > 0
+
+
+def test_an_exit_and_a_notice_teach_the_speed_correction_as_the_runner_does(
+    session, clock, submit, run_spot
+):
+    planning = get_planning()
+    job = submit()
+    attempt, token = run_spot(job)
+    clock.advance(3 * 3600)
+    predicted = planning.rate(session, job, attempt.gpu, attempt.gpu_count)
+    agent_reports.record_progress(session, attempt.id, token, predicted * 1.5, None, clock.now())
+    agent_channel.preemption_notice(session, attempt.id, token, "spot notice", clock.now())
+    # Three hours less the restart overhead at half the predicted speed: a correction below 1.
+    row = session.exec(select(ThroughputCorrection)).one()
+    assert (row.model, row.gpu, row.observations) == ("ResNet-50", attempt.gpu, 1)
+    assert row.factor < 1.0
+
+    second, token = run_spot(session.get(Job, job.id))
+    clock.advance(3 * 3600)
+    agent_reports.record_progress(
+        session, second.id, token, second.work_at_start + predicted * 1.5, None, clock.now()
+    )
+    agent_channel.program_exited(session, second.id, token, 0, "", clock.now())
+    session.expire_all()
+    assert session.exec(select(ThroughputCorrection)).one().observations == 2
 
 
 def test_exit_3_restarts_once_from_the_checkpoint_then_fails_with_the_tail(

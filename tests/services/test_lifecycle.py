@@ -165,7 +165,7 @@ def test_finished_job_cannot_be_stopped_again(session, job, clock):
     assert lifecycle.stop(session, job.id, JobStatus.FAILED, "x", clock.now()) == []
     with pytest.raises(IllegalTransition):
         lifecycle.cancel(session, job.team_id, job.id, clock.now())
-    kinds = [e.kind for e in session.exec(select(LedgerEntry)).all()]
+    kinds = [e.kind for e in session.exec(select(LedgerEntry).order_by(LedgerEntry.id)).all()]
     assert kinds == ["reserve", "release"]
 
 
