@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
-from tests.helpers import drop_postgres, fresh_postgres
+from tests.helpers import drop_postgres, fresh_postgres, moto_s3, moto_store
 
 ADMIN_TOKEN = "adm_test_" + secrets.token_hex(8)
 START = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -81,6 +81,23 @@ def app(db_engine: Engine, clock: object):  # type: ignore[no-untyped-def]
     from broker.api import create_app
 
     return create_app()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A moto S3 server for the whole run (keys are per job and team: tests do not meet)."""
+    with moto_s3() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def store(s3_endpoint: str, app):  # type: ignore[no-untyped-def]
+    """The broker's bucket on the moto server: the store the app's routes use."""
+    from broker.services import agent_channel
+
+    store = moto_store(s3_endpoint)
+    app.dependency_overrides[agent_channel.get_store] = lambda: store
+    return store
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from importlib.resources import files
 
 import pytest
-from moto.server import ThreadedMotoServer
 from sqlmodel import Session
 
 import broker
@@ -23,36 +22,10 @@ from broker.services.job_spec import JobSpec
 from broker.services.launch_request import agent_token
 from broker.services.plans import job_plan
 from broker.settings import get_settings
-from providers.retry import FAST_RETRY
-from providers.storage import S3CheckpointStore
 from tests.helpers import LEASE, job_spec
 
 BUCKET = "broker-checkpoints"
 RUN = {"command": "python train.py --epochs 90", "env": {"WANDB_MODE": "offline"}}
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def store(s3_endpoint: str, app) -> S3CheckpointStore:  # type: ignore[no-untyped-def]
-    """The checkpoint bucket on the moto server, the one the app's agent routes use."""
-    store = S3CheckpointStore(
-        BUCKET,
-        endpoint_url=s3_endpoint,
-        access_key_id="testing",
-        secret_access_key="testing",
-        retry=FAST_RETRY,
-    )
-    store.ensure_bucket()
-    app.dependency_overrides[agent_channel.get_store] = lambda: store
-    return store
 
 
 def submitted(**overrides: object) -> dict:

@@ -7,7 +7,6 @@ import io
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from sqlmodel import Session
@@ -17,20 +16,7 @@ from broker.services import agent_channel, lifecycle
 from broker.services.plans import job_plan
 from providers.retry import FAST_RETRY
 from providers.storage import S3CheckpointStore
-from tests.helpers import LEASE, job_spec, moto_s3, moto_store
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    with moto_s3() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture
-def store(s3_endpoint: str, app) -> S3CheckpointStore:  # type: ignore[no-untyped-def]
-    store = moto_store(s3_endpoint)
-    app.dependency_overrides[agent_channel.get_store] = lambda: store
-    return store
+from tests.helpers import LEASE, job_spec
 
 
 class Agent:

@@ -7,30 +7,13 @@ import gzip
 import hashlib
 import io
 import tarfile
-from collections.abc import Iterator
 
 import pytest
 
-from broker.services import agent_channel
 from broker.settings import get_settings
-from providers.storage import S3CheckpointStore
-from tests.helpers import RUN, job_spec, moto_s3, moto_store
+from tests.helpers import RUN, job_spec
 
 GZIP = {"Content-Type": "application/gzip"}
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    with moto_s3() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture
-def store(s3_endpoint: str, app) -> S3CheckpointStore:  # type: ignore[no-untyped-def]
-    """The broker's bucket on the moto server, the one the app's routes use."""
-    store = moto_store(s3_endpoint)
-    app.dependency_overrides[agent_channel.get_store] = lambda: store
-    return store
 
 
 def tar_gz(files: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:

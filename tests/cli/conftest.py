@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from broker.services import agent_channel
 from broker.settings import get_settings
-from providers.storage import S3CheckpointStore
 from tests.cli.support import runner
-from tests.helpers import moto_s3, moto_store
 
 
 @pytest.fixture
@@ -41,17 +36,3 @@ def admin_token(admin_headers) -> str:
 def team_key(make_team) -> tuple[dict, str]:
     team, headers = make_team(limit="1000.00")
     return team, headers["Authorization"].removeprefix("Bearer ")
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    with moto_s3() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture
-def store(s3_endpoint: str, app) -> S3CheckpointStore:  # type: ignore[no-untyped-def]
-    """The broker's bucket on a moto server, the one the live server's routes use."""
-    store = moto_store(s3_endpoint)
-    app.dependency_overrides[agent_channel.get_store] = lambda: store
-    return store
