@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import fields
 from pathlib import Path
 
-from broker.core.offers import Offer, OfferTable
+from broker.core.offers import CATALOG_FIELDS, OfferTable
 from pricing.snapshot import DATA_DIR, gpu_memory_gb, price_micros
 
 AWS_CSV = DATA_DIR / "aws-gpu-vms.csv"
@@ -14,7 +13,7 @@ AWS_CSV = DATA_DIR / "aws-gpu-vms.csv"
 
 def load_aws_csv(path: Path = AWS_CSV) -> OfferTable:
     """The AWS snapshot rows as offers (zone = AWS zone id, e.g. ``use1-az2``); risk 0."""
-    cols: dict[str, list] = {f.name: [] for f in fields(Offer) if f.name != "price_as_of"}
+    cols: dict[str, list] = {name: [] for name in CATALOG_FIELDS}
     with path.open(newline="", encoding="utf-8") as handle:
         for row in csv.DictReader(handle):
             cols["provider"].append("aws")

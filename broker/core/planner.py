@@ -26,11 +26,12 @@ then expected hours, then offer row.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 import numpy as np
 
-from broker.core.offers import OfferTable
+from broker.core.offers import BUNDLED, OfferTable
 
 Market = Literal["auto", "spot", "on_demand"]
 SPOT_WINDOWS = np.array([0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64])
@@ -78,6 +79,8 @@ class Plan:
     p_deadline: float
     spot_window_hours: float | None = None  # spot time before stopping / falling back
     on_demand_fallback: bool = False
+    price_observed_at: datetime | None = None  # None: the bundled snapshot's price
+    price_source: str = BUNDLED
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,7 @@ def _spot(
 def _plan(offers: OfferTable, c: _Candidates, i: int, fallback: bool) -> Plan:
     o = int(c.index[i])
     price = offers.spot_micros_per_hour[o] if c.spot else offers.on_demand_micros_per_hour[o]
+    row = offers.row(o)
     return Plan(
         offer_index=o,
         provider=str(offers.provider[o]),
@@ -222,6 +226,8 @@ def _plan(offers: OfferTable, c: _Candidates, i: int, fallback: bool) -> Plan:
         p_deadline=float(c.p[i]),
         spot_window_hours=float(c.window[i]) if c.spot else None,
         on_demand_fallback=fallback,
+        price_observed_at=row.spot_as_of if c.spot else row.on_demand_as_of,
+        price_source=row.spot_source if c.spot else row.on_demand_source,
     )
 
 
