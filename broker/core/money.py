@@ -39,3 +39,9 @@ def cost_micros(price_per_hour_micros: int, seconds: float) -> int:
             rounding=ROUND_CEILING
         )
     )
+
+
+def usd_text(micros: int) -> str:
+    """Dollars for a message, rounded up to the cent: ``$25.20`` for 25,194,235 micro-USD."""
+    cents = from_micros(micros).quantize(CENT, rounding=ROUND_CEILING)
+    return f"${cents:,}"

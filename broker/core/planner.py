@@ -31,7 +31,9 @@ from typing import Literal
 
 import numpy as np
 
+from broker.core.money import format_usd, usd_text
 from broker.core.offers import BUNDLED, OfferTable
+from broker.core.why_not import gpu_mask, no_match_message
 
 Market = Literal["auto", "spot", "on_demand"]
 SPOT_WINDOWS = np.array([0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64])
@@ -106,7 +108,7 @@ def resource_mask(request: PlanRequest, offers: OfferTable) -> np.ndarray:
     """Offers with exactly ``gpus`` GPUs that pass every resource filter given."""
     mask = offers.gpu_count == request.gpus
     if request.gpu_types is not None:
-        mask &= np.isin(offers.gpu, request.gpu_types)
+        mask &= gpu_mask(offers, request.gpu_types)
     if request.providers is not None:
         mask &= np.isin(offers.provider, request.providers)
     if request.regions is not None:
@@ -272,20 +274,26 @@ def rank_plans(
     best_od = _ranked([od], [od.feasible], 1)
     cheapest_od = _plan(offers, od, best_od[0][1], False) if best_od else None
     allowed = groups[1:] if request.market == "spot" else groups
-    why = None if plans else _explain(allowed, hours, max_cost)
+    why = None
+    if not plans:
+        rated = work_per_hour > 0
+        why = _explain(allowed, hours, max_cost) if len(idx) else _no_match(request, offers, rated)
     return PlanSet(plans, cheapest_od, why)
 
 
+def _no_match(request: PlanRequest, offers: OfferTable, rated: np.ndarray) -> Infeasible:
+    return Infeasible("no_matching_offer", no_match_message(request, offers, rated))
+
+
 def _explain(groups: list[_Candidates], hours: np.ndarray, max_cost: int) -> Infeasible:
-    if len(hours) == 0:
-        return Infeasible("no_matching_offer", "no offer matches the resource constraints")
     worst = np.concatenate([c.worst[c.feasible] for c in groups])
     if len(worst):
         cheapest = int(worst.min())
         return Infeasible(
             "over_budget",
-            f"no plan meets the deadline within max_cost ({max_cost} micro-USD); the "
-            f"cheapest on-time plan has a worst case of {cheapest} micro-USD",
+            f"no plan meets the deadline within max_cost (${format_usd(max_cost)}); the "
+            f"cheapest on-time plan has a worst case of {usd_text(cheapest)}: raise "
+            f"max_cost to at least {usd_text(cheapest)}, or move the deadline later",
             cheapest_on_time_worst_case_micros=cheapest,
         )
     earliest = float(hours.min())
