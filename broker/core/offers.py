@@ -180,6 +180,8 @@ class PriceObservation:
 
     ``micros_per_hour`` is ``NO_PRICE`` when the cloud no longer offers that market there.
     ``zone`` is the zone the catalog uses (AWS zone id such as ``use1-az2``, GCP zone name).
+    ``gpu`` names the catalog GPU where the instance type alone does not (a GCP N1 host
+    takes T4, V100, P100 or P4); empty: every row of that instance type in that zone.
     """
 
     provider: str
@@ -190,16 +192,19 @@ class PriceObservation:
     micros_per_hour: int
     observed_at: datetime
     source: str  # e.g. "aws-pricing", "aws-spot-history", "gcp-cloud-billing"
+    gpu: str = ""
 
 
 def overlay(table: OfferTable, observations: Iterable[PriceObservation]) -> OfferTable:
-    """``table`` with each observed price (and its time and source) laid over its row;
+    """``table`` with each observed price (and its time and source) laid over its rows;
     for several observations of one row and market, the newest (latest ``observed_at``,
     then last given) wins. Observations of rows the table lacks are ignored."""
     keys = zip(
         table.provider.tolist(), table.zone.tolist(), table.instance_type.tolist(), strict=True
     )
-    index = {key: i for i, key in enumerate(keys)}
+    index: dict[tuple[str, str, str], list[int]] = {}
+    for i, key in enumerate(keys):
+        index.setdefault(key, []).append(i)
     price = {
         "on_demand": table.on_demand_micros_per_hour.copy(),
         "spot": table.spot_micros_per_hour.copy(),
@@ -210,16 +215,16 @@ def overlay(table: OfferTable, observations: Iterable[PriceObservation]) -> Offe
         "spot": table.spot_source.astype(object),
     }
     for obs in observations:
-        i = index.get((obs.provider, obs.zone, obs.instance_type))
-        if i is None or obs.market not in price:
+        if obs.market not in price:
             continue
         when = _to_datetime64(obs.observed_at)
-        current = as_of[obs.market][i]
-        if not np.isnat(current) and when < current:
-            continue
-        price[obs.market][i] = obs.micros_per_hour
-        as_of[obs.market][i] = when
-        source[obs.market][i] = obs.source
+        for i in index.get((obs.provider, obs.zone, obs.instance_type), ()):
+            current = as_of[obs.market][i]
+            if (obs.gpu and obs.gpu != table.gpu[i]) or (not np.isnat(current) and when < current):
+                continue
+            price[obs.market][i] = obs.micros_per_hour
+            as_of[obs.market][i] = when
+            source[obs.market][i] = obs.source
     return table.replace(
         on_demand_micros_per_hour=price["on_demand"],
         spot_micros_per_hour=price["spot"],

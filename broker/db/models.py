@@ -188,14 +188,16 @@ class PriceRecord(SQLModel, table=True):
     """One price a cloud's pricing API gave: the history every process plans on.
 
     Each refresh appends the prices it observed; the newest row per (provider, zone,
-    instance type, market) is the current price. ``micros_per_hour`` is -1 where the cloud
+    instance type, gpu, market) is the current price. ``micros_per_hour`` is -1 where the cloud
     no longer offers that market. The highest ``id`` is the version a process compares to
     notice a refresh.
     """
 
     __tablename__ = "price_observation"
     __table_args__ = (
-        Index("ix_price_observation_key", "provider", "zone", "instance_type", "market", "id"),
+        Index(
+            "ix_price_observation_key", "provider", "zone", "instance_type", "gpu", "market", "id"
+        ),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -203,6 +205,7 @@ class PriceRecord(SQLModel, table=True):
     region: str = Field(max_length=40)
     zone: str = Field(max_length=40)
     instance_type: str = Field(max_length=60)
+    gpu: str = Field(default="", max_length=40)  # where the type alone doesn't say (GCP N1)
     market: str = Field(max_length=10)  # spot | on_demand
     micros_per_hour: int = _micros()
     observed_at: datetime = _ts(index=True)

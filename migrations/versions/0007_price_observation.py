@@ -9,7 +9,6 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-
 revision: str = '0007'
 down_revision: str | None = '0006'
 branch_labels: str | Sequence[str] | None = None
@@ -24,6 +23,7 @@ def upgrade() -> None:
         sa.Column('region', sa.String(length=40), nullable=False),
         sa.Column('zone', sa.String(length=40), nullable=False),
         sa.Column('instance_type', sa.String(length=60), nullable=False),
+        sa.Column('gpu', sa.String(length=40), server_default='', nullable=False),
         sa.Column('market', sa.String(length=10), nullable=False),
         sa.Column('micros_per_hour', sa.BigInteger(), nullable=False),
         sa.Column('observed_at', sa.DateTime(timezone=True), nullable=False),
@@ -33,7 +33,7 @@ def upgrade() -> None:
     op.create_index(
         'ix_price_observation_key',
         'price_observation',
-        ['provider', 'zone', 'instance_type', 'market', 'id'],
+        ['provider', 'zone', 'instance_type', 'gpu', 'market', 'id'],
     )
     op.create_index(
         op.f('ix_price_observation_observed_at'), 'price_observation', ['observed_at']
