@@ -5,7 +5,10 @@ empty accelerator) and an accelerator row (empty machine type, accelerator name 
 price of that many GPUs). An offer's price is host + accelerator, on demand and on spot
 alike; a missing spot price on either side means no spot offer. Whole-GPU machine types
 (A2, A3, G2) come with their GPUs fixed; N1 hosts get T4/V100/P100/P4 attached, with two
-host shapes per GPU count (see ``N1_HOSTS_PER_GPU``).
+host shapes per GPU count (see ``N1_HOSTS_PER_GPU``). The file holds the rows this
+composition uses in every GPU zone of the source, less the H100 rows whose on-demand price
+is inconsistent (``data/CATALOG.md``). :func:`read_gcp_rows` gives the rows as they are, for
+other readers of the same prices (the billing fake's SKUs).
 """
 
 from __future__ import annotations
@@ -58,42 +61,57 @@ GCE_ACCELERATOR_TYPES = {
 
 
 @dataclass(frozen=True)
-class _Price:
+class Price:
+    """On-demand and spot price in micro-USD per hour (``NO_PRICE`` = not offered)."""
+
     on_demand: int
     spot: int
 
 
 @dataclass(frozen=True)
-class _Host:
+class Host:
+    """A host row: the VM (vCPUs + RAM) without GPUs, priced per hour."""
+
     vcpus: float
     ram_gb: float
-    price: _Price
+    price: Price
 
 
 @dataclass(frozen=True)
-class _Accelerator:
+class Accelerator:
+    """An accelerator row: *count* GPUs of one name in one zone, priced per hour together."""
+
     memory_gb: float
-    price: _Price
+    price: Price
 
 
-def _read(path: Path) -> tuple[dict, dict]:
-    hosts: dict[tuple[str, str], _Host] = {}  # (machine type, zone)
-    accels: dict[tuple[str, int, str], _Accelerator] = {}  # (name, count, zone)
+HostKey = tuple[str, str]  # (machine type, zone)
+AcceleratorKey = tuple[str, int, str]  # (source accelerator name, count, zone)
+
+
+def read_gcp_rows(
+    path: Path = GCP_CSV,
+) -> tuple[dict[HostKey, Host], dict[AcceleratorKey, Accelerator]]:
+    """Host rows by (machine type, zone) and accelerator rows by (name, count, zone)."""
+    hosts: dict[HostKey, Host] = {}
+    accels: dict[AcceleratorKey, Accelerator] = {}
     with path.open(newline="", encoding="utf-8") as handle:
         for row in csv.DictReader(handle):
-            price = _Price(price_micros(row["Price"]), price_micros(row["SpotPrice"]))
+            price = Price(price_micros(row["Price"]), price_micros(row["SpotPrice"]))
             zone = row["AvailabilityZone"]
             if row["InstanceType"]:
-                hosts[row["InstanceType"], zone] = _Host(
+                hosts[row["InstanceType"], zone] = Host(
                     float(row["vCPUs"]), float(row["MemoryGiB"]), price
                 )
             else:
                 key = (row["AcceleratorName"], int(row["AcceleratorCount"]), zone)
-                accels[key] = _Accelerator(gpu_memory_gb(row["GpuInfo"]), price)
+                accels[key] = Accelerator(gpu_memory_gb(row["GpuInfo"]), price)
     return hosts, accels
 
 
-def _combos(hosts: dict, accels: dict) -> list[tuple[str, str, str, int]]:
+def _combos(
+    hosts: dict[HostKey, Host], accels: dict[AcceleratorKey, Accelerator]
+) -> list[tuple[str, str, str, int]]:
     """(machine type, zone, source accelerator name, count) for every composable offer."""
     combos = []
     for machine, zone in hosts:
@@ -117,7 +135,7 @@ def _sum(a: int, b: int) -> int:
 
 def load_gcp_offers(path: Path = GCP_CSV) -> OfferTable:
     """GCP offers (provider "gcp", zones like ``us-central1-a``) priced host + accelerator."""
-    hosts, accels = _read(path)
+    hosts, accels = read_gcp_rows(path)
     names = [
         *("provider", "region", "zone", "instance_type", "gpu", "gpu_count", "gpu_memory_gb"),
         *("vcpus", "ram_gb", "on_demand_micros_per_hour", "spot_micros_per_hour", "spot_risk"),

@@ -44,7 +44,7 @@ def test_row_counts_match_the_snapshots() -> None:
         aws_rows = sum(1 for _ in csv.DictReader(handle))
     assert aws_rows == len(load_aws_csv()) == 1490
     gcp = load_gcp_offers()
-    assert len(gcp) == 375
+    assert len(gcp) == 1070  # per CATALOG.md
     assert len(bundled_catalog()) == aws_rows + len(gcp)
 
 
