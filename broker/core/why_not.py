@@ -4,14 +4,37 @@ values that would have matched, so an error message says what to change."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from broker.core.offers import OfferTable
 
-if TYPE_CHECKING:
-    from broker.core.planner import PlanRequest
+
+class PlanRequest(Protocol):
+    """The resource fields of ``broker.core.planner.PlanRequest`` read here."""
+
+    @property
+    def gpus(self) -> int: ...
+
+    @property
+    def gpu_types(self) -> tuple[str, ...] | None: ...
+
+    @property
+    def min_gpu_memory_gb(self) -> float | None: ...
+
+    @property
+    def providers(self) -> tuple[str, ...] | None: ...
+
+    @property
+    def regions(self) -> tuple[str, ...] | None: ...
+
+    @property
+    def vcpus_per_gpu(self) -> float | None: ...
+
+    @property
+    def ram_gb_per_gpu(self) -> float | None: ...
+
 
 Step = tuple[str, object, np.ndarray, Callable[[np.ndarray], str]]
 
