@@ -98,6 +98,15 @@ def worst_case(client, headers, spec: dict) -> str:  # type: ignore[no-untyped-d
     return response.json()["plans"][0]["worst_case_cost"]
 
 
+def reservation(client, make_team, spec: dict) -> str:  # type: ignore[no-untyped-def]
+    """What a submission of ``spec`` reserves (``admission.reservation``): the job submitted
+    once, by a team of its own."""
+    _, headers = make_team(limit="100000.00")
+    response = client.post("/v1/jobs", json=spec, headers=headers)
+    assert response.status_code == 201, response.text
+    return response.json()["reserved"]
+
+
 def reachable(port: int) -> bool:
     """Whether a server listens on ``port`` on loopback (RabbitMQ, Redis, ...)."""
     with socket.socket() as probe:

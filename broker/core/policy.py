@@ -20,6 +20,13 @@ rule again on numpy arrays for the simulator, and a test holds the two to the sa
   whether spot can be had now as far as the broker knows (a launch failed with a capacity
   error -> False; it was preempted there -> False; the current spot zone -> True).
 - ``spot_price`` / ``on_demand_price``: $/h of the plan's instance.
+- ``spent`` / ``reserved``: what the job has spent so far and the whole of its reservation
+  (spent included), in the prices' money unit; the budget net (``budget_net``) keeps spent
+  within ``reserved``. The default ``reserved`` (infinite) turns the net off.
+- ``on_demand_cost``: what finishing on on-demand costs if it starts a tick from now, a tick
+  of margin included; None: ``on_demand_price x (work_left + restart + tick)`` (one offer,
+  as simulated). Live it is the cheapest on-demand plan for the work left, which may be
+  another offer than the plan's.
 - ``history``: ``AvailabilityHistory`` of what the broker has seen per zone (the lengths of
   its windows and outages, and how long the current one has lasted); update it with
   ``history.observe(zone, available, hours)`` (a new value) whenever you learn a zone's state.
@@ -37,7 +44,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
-from functools import lru_cache
+from functools import lru_cache, wraps
 from typing import TypeVar, cast
 
 import numpy as np
@@ -150,6 +157,9 @@ class PolicyState:
     spot_obtainable: tuple[bool, ...] = ()
     spot_price: float = 1.0
     on_demand_price: float = 3.0
+    spent: float = 0.0
+    reserved: float = math.inf
+    on_demand_cost: float | None = None
     history: AvailabilityHistory = field(default_factory=AvailabilityHistory)
     plan: SpotPlan | None = None
     plan_row: int = 0
@@ -192,6 +202,34 @@ def _last_moment(state: PolicyState) -> bool:
     return state.slack_hours - state.tick_hours < state.restart_hours - EPS
 
 
+def budget_net(state: PolicyState, decision: Decision) -> Decision:
+    """``decision``, unless it holds spot (or nothing) for a tick after which the reservation
+    could no longer pay for on-demand to the end (``on_demand_cost``): then on-demand, started
+    or kept. With it, spend never passes ``reserved`` (proof: ``broker.core.reservation``)."""
+    kept = {Action.SPOT: Instance.SPOT, Action.WAIT: Instance.NONE, Action.CONTINUE: state.instance}
+    held = kept.get(decision.action, Instance.ON_DEMAND)  # STOP and ON_DEMAND pass
+    if held is Instance.ON_DEMAND:
+        return decision
+    tick = state.tick_hours
+    finish = state.on_demand_cost
+    if finish is None:
+        finish = state.on_demand_price * (state.work_left_hours + state.restart_hours + tick)
+    price = state.spot_price if held is Instance.SPOT else 0.0
+    if state.spent + price * tick + finish <= state.reserved:
+        return decision
+    return CONTINUE if state.instance is Instance.ON_DEMAND else ON_DEMAND
+
+
+def _netted(rule: Policy) -> Policy:
+    """``rule`` under the budget net."""
+
+    @wraps(rule)
+    def netted(state: PolicyState) -> Decision:
+        return budget_net(state, rule(state))
+
+    return netted
+
+
 def on_demand(state: PolicyState) -> Decision:
     """On-demand from start to finish."""
     if state.work_left_hours <= EPS:
@@ -199,6 +237,7 @@ def on_demand(state: PolicyState) -> Decision:
     return CONTINUE if state.instance is Instance.ON_DEMAND else ON_DEMAND
 
 
+@_netted
 def greedy(state: PolicyState) -> Decision:
     """Spot whenever obtainable; on-demand to the end once waiting longer would be unsafe."""
     if state.work_left_hours <= EPS:
@@ -211,6 +250,7 @@ def greedy(state: PolicyState) -> Decision:
     return ON_DEMAND if _cannot_wait(state) else CONTINUE
 
 
+@_netted
 def uniform_progress(state: PolicyState) -> Decision:
     """Wu et al. (NSDI 2024): keep progress on the line t * C0 / R0, hysteresis on on-demand.
 
@@ -260,6 +300,7 @@ def spot_now(obtainable: np.ndarray, age_hours: np.ndarray) -> tuple[np.ndarray,
     return up, np.where(up, up_age, down_age)
 
 
+@_netted
 def broker(state: PolicyState) -> Decision:
     """Ours: hold what the expected-cost plan (``broker.core.spot_mdp``) says for this state.
 
@@ -271,7 +312,8 @@ def broker(state: PolicyState) -> Decision:
     plan's slack, or that one more idle tick would leave no time for an on-demand start,
     neither drops its instance nor stays idle. (The Safety Net Rule's margin of two
     restarts, which greedy and Uniform Progress need, only costs a plan that already
-    weighs the risk of losing spot: measured in ``bench/policies.py``.)
+    weighs the risk of losing spot: measured in ``bench/policies.py``.) The budget net
+    (``budget_net``), as on greedy and Uniform Progress, keeps spend within the reservation.
     """
     if state.work_left_hours <= EPS:
         return STOP

@@ -7,8 +7,10 @@ one call per tick. Each function here is the same rule as its namesake in ``brok
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import wraps
 
 import numpy as np
 
@@ -52,6 +54,9 @@ class BatchState:
     plans: tuple[SpotPlan, ...] = ()
     plan_of: np.ndarray | None = None
     plan_row: np.ndarray | None = None
+    # spend so far and the whole reservation (B,), in the prices' unit; None: no budget net
+    spent: np.ndarray | None = None
+    reserved: np.ndarray | None = None
 
     @property
     def slack_hours(self) -> np.ndarray:
@@ -89,6 +94,8 @@ class BatchState:
             history=history,
             plan=self.plans[int(self.plan_of[b])] if self.plan_of is not None else None,
             plan_row=int(self.plan_row[b]) if self.plan_row is not None else 0,
+            spent=float(self.spent[b]) if self.spent is not None else 0.0,
+            reserved=float(self.reserved[b]) if self.reserved is not None else math.inf,
         )
 
 
@@ -131,12 +138,42 @@ def by_instance(
     return action.astype(np.int8), np.where(action == Action.SPOT, zone, -1)
 
 
+def budget_net_batch(s: BatchState, decision: BatchDecision) -> BatchDecision:
+    """``policy.budget_net``: on-demand (started or kept) where a tick on spot or on nothing
+    would leave the reservation short of the on-demand run."""
+    if s.reserved is None:
+        return decision
+    action, zone = decision
+    keep = action == Action.CONTINUE
+    spot = (action == Action.SPOT) | (keep & (s.instance == Instance.SPOT))
+    none = (action == Action.WAIT) | (keep & (s.instance == Instance.NONE))
+    tick = s.tick_hours
+    finish = s.on_demand_price * (s.work_left_hours + s.restart_hours + tick)
+    spent = s.spent if s.spent is not None else 0.0
+    need = spent + np.where(spot, s.spot_price, 0.0) * tick + finish
+    over = (spot | none) & (need > s.reserved)
+    held_od = s.instance == Instance.ON_DEMAND
+    action = np.where(over, np.where(held_od, Action.CONTINUE, Action.ON_DEMAND), action)
+    return action.astype(np.int8), np.where(action == Action.SPOT, zone, -1)
+
+
+def _netted(rule: BatchPolicy) -> BatchPolicy:
+    """``rule`` under the budget net."""
+
+    @wraps(rule)
+    def netted(s: BatchState) -> BatchDecision:
+        return budget_net_batch(s, rule(s))
+
+    return netted
+
+
 def on_demand_batch(s: BatchState) -> BatchDecision:
     action = np.where(s.instance == Instance.ON_DEMAND, Action.CONTINUE, Action.ON_DEMAND)
     action = np.where(s.work_left_hours <= EPS, Action.STOP, action)
     return action.astype(np.int8), np.full(action.shape, -1)
 
 
+@_netted
 def greedy_batch(s: BatchState) -> BatchDecision:
     zone = first_spot_zone(s.spot_obtainable)
     take_spot = (zone >= 0) & spot_is_safe(s)
@@ -148,6 +185,7 @@ def greedy_batch(s: BatchState) -> BatchDecision:
     return action.astype(np.int8), np.where(action == Action.SPOT, zone, -1)
 
 
+@_netted
 def uniform_progress_batch(s: BatchState) -> BatchDecision:
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = np.where(s.hours_total > 0, s.work_total_hours / s.hours_total, np.inf)
@@ -167,6 +205,7 @@ def uniform_progress_batch(s: BatchState) -> BatchDecision:
     return by_instance(s, od_action, idle_action, zone)
 
 
+@_netted
 def broker_batch(s: BatchState) -> BatchDecision:
     """``policy.broker``; needs ``s.plans`` (the simulator solves them before the jobs start)."""
     if s.plan_of is None or s.plan_row is None or s.age_hours is None:

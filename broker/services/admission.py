@@ -19,7 +19,8 @@ from broker.db.models import Job
 from broker.services.job_spec import JobSpec
 from broker.services.ledger import lock_team, reserve
 from broker.services.plans import ChosenPlan
-from broker.services.quoting import quote_job
+from broker.services.quoting import get_planning, quote_job
+from broker.services.reservations import job_reservation, tick_hours
 from broker.services.workdirs import check_run_workdir
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,15 @@ def check_deadline(spec: JobSpec, now: datetime) -> None:
         raise InvalidInput("deadline is more than a year away", "deadline")
 
 
-def reservation(job: Job, plan: Plan) -> int:
-    """What admission holds for a job: its plan's worst case, never more than max_cost."""
-    return min(job.max_cost_micros, plan.worst_case_cost_micros)
+def reservation(
+    session: Session, job: Job, plan: Plan, on_demand: Plan | None, now: datetime
+) -> int:
+    """What admission holds for a job: a proven bound of what its policy may spend on
+    ``plan`` (``broker.core.reservation``), never more than max_cost; ``on_demand``: the
+    quote's cheapest on-demand plan, whose cost the bound is a multiple of."""
+    chosen = ChosenPlan.from_plan(plan)
+    planning = get_planning()
+    return job_reservation(planning, session, job, chosen, now, tick_hours(), on_demand=on_demand)
 
 
 def _existing(session: Session, team_id: str, key: str, digest: str) -> Job | None:
@@ -59,8 +66,8 @@ def _existing(session: Session, team_id: str, key: str, digest: str) -> Job | No
 def submit(
     session: Session, team_id: str, spec: JobSpec, now: datetime, idempotency_key: str | None = None
 ) -> tuple[Job, bool]:
-    """Admit a job on its best plan: reserve min(max_cost, the plan's worst case) against the
-    locked team budget and queue it.
+    """Admit a job on its best plan: reserve what its policy may spend (``reservation``)
+    against the locked team budget and queue it.
 
     Returns the job and whether it was created (False: an earlier submission with the same
     Idempotency-Key and body). Raises BudgetExceeded, Conflict or InvalidInput.
@@ -98,7 +105,7 @@ def submit(
     )
     session.add(job)
     session.flush()
-    reserve(session, team, job, reservation(job, best), now)
+    reserve(session, team, job, reservation(session, job, best, on_demand, now), now)
     try:
         session.commit()
     except IntegrityError:

@@ -33,6 +33,7 @@ from broker.services.metrics import PROVIDER_ERRORS
 from broker.services.plans import ChosenPlan, job_plan
 from broker.services.quoting import Planning
 from broker.services.reconcile import ReconcileReport, reconcile
+from broker.services.reservations import job_reservation
 from broker.services.spend_control import SpendControls, leases_due, live_counts, may_launch
 from broker.services.steering import market_now, refused_zones, steer
 from providers.base import (
@@ -167,7 +168,11 @@ class Runner:
                         token_for=lambda attempt_id: agent_token(
                             self.agent_secret, attempt_id, job.deadline
                         ),
-                        reserve_up_to=choice.worst_case_cost_micros,
+                        # what the budget net needs of the work left on this plan: no
+                        # more, or the job would outgrow its admission's tight reservation
+                        reserve_up_to=job_reservation(
+                            self.planning, session, job, choice, now, self.tick_hours, factor=0.0
+                        ),
                     )
                 except BudgetExceeded as error:
                     self._terminate(

@@ -1,8 +1,9 @@
 """Steering: whether a job should change market (spot, on-demand) or leave a zone now.
 
 This module gathers the live facts the policy needs (the job's deadline, work left and its
-speed with the learnt corrections, the attempt it runs, the spot history the broker's own
-attempts saw, the zones that refused or preempted spot lately) and asks
+speed with the learnt corrections, the attempt it runs, the spot and on-demand prices of its
+offer, its spend and reservation, the spot history the broker's own attempts saw, its shape's
+zones and those that refused or preempted spot lately) and asks
 ``broker.core.policy.decide`` - the same policy the simulator measures. It only decides; the
 runner (``broker.services.runner``) carries a move out.
 """
@@ -12,12 +13,16 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Literal
 
+import numpy as np
 from sqlmodel import Session, col, select
 
 from broker.core import policy
+from broker.core.money import MICROS_PER_DOLLAR
 from broker.db.models import Attempt, Job
-from broker.services.plans import job_plan
+from broker.services.ledger import job_reserved, job_spent
+from broker.services.plans import ChosenPlan, job_plan
 from broker.services.quoting import Planning
+from broker.services.reservations import finish_on_demand, offer_prices
 
 Steer = Literal["continue", "on_demand", "spot"]
 REFUSED_HOURS = 1.0  # a zone that refused or preempted spot this recently is taken as out of it
@@ -123,8 +128,11 @@ def policy_state(
     now: datetime,
     tick_hours: float,
 ) -> policy.PolicyState | None:
-    """What ``policy.decide`` sees of a job (and its running attempt, if any) at ``now``;
-    None when the job's speed is unknown (no plan yet, or a GPU the model cannot rate)."""
+    """What ``policy.decide`` sees of a job (and its running attempt, if any) at ``now``:
+    prices in $/h of the offer it runs or plans on, spend and reservation in $ from the
+    ledger, what finishing on on-demand costs (``reservations.finish_on_demand``), its
+    shape's zones (``candidate_zones``); None when the job's speed is unknown (no plan yet,
+    or a GPU the model cannot rate)."""
     plan = job_plan(job)
     gpu = attempt.gpu if attempt else (plan.gpu if plan else None)
     count = attempt.gpu_count if attempt else (plan.gpu_count if plan else None)
@@ -142,9 +150,14 @@ def policy_state(
             ran = (now - attempt.started_at).total_seconds() / 3600
             restart_left = max(restart - ran, 0.0)
     history = spot_history(session, now)
-    zones = tuple(z for z in history.zones) or (plan.zone if plan else "",)
+    where = attempt or plan
+    assert where is not None  # a GPU came from one of them
+    spot_price, on_demand_price = _prices(planning, where)
+    zones = candidate_zones(planning, where.provider, where.instance_type, where.zone)
     refused = refused_zones(session, now)
     running_spot = attempt.zone if attempt is not None and attempt.market == "spot" else None
+    spent = job_spent(session, job.id)
+    finish = finish_on_demand(planning, session, job, now, tick_hours)
     return policy.PolicyState(
         hours_to_deadline=(job.deadline - now).total_seconds() / 3600,
         hours_total=(job.deadline - job.created_at).total_seconds() / 3600,
@@ -157,8 +170,47 @@ def policy_state(
         zone=running_spot,
         zones=zones,
         spot_obtainable=tuple(z == running_spot or z not in refused for z in zones),
+        spot_price=spot_price,
+        on_demand_price=on_demand_price,
+        spent=spent / MICROS_PER_DOLLAR,
+        reserved=(spent + job_reserved(session, job.id)) / MICROS_PER_DOLLAR,
+        on_demand_cost=finish / MICROS_PER_DOLLAR,
         history=history,
     )
+
+
+def _prices(planning: Planning, where: Attempt | ChosenPlan) -> tuple[float, float]:
+    """$/h on spot and on-demand of the offer a job runs or plans on. A market the offer
+    lacks (or an offer no longer planned on) takes the other's price, or the one it pays."""
+    if isinstance(where, Attempt):
+        paid = where.price_micros_per_hour
+    else:
+        paid = where.price_per_hour_micros
+    listed = offer_prices(planning, where.provider, where.zone, where.instance_type)
+    spot, on_demand = listed if listed is not None else (-1, -1)
+    if where.market == "spot":
+        spot = paid
+    else:
+        on_demand = paid
+    spot = spot if spot >= 0 else on_demand
+    on_demand = on_demand if on_demand >= 0 else spot
+    return spot / MICROS_PER_DOLLAR, on_demand / MICROS_PER_DOLLAR
+
+
+def candidate_zones(
+    planning: Planning, provider: str, instance_type: str, zone: str
+) -> tuple[str, ...]:
+    """The zones the job could run its shape on spot in: ``zone`` first, then every other
+    zone of the provider offering ``instance_type`` on spot, cheapest spot first."""
+    offers = planning.offers
+    rows = np.flatnonzero(
+        (offers.provider == provider)
+        & (offers.instance_type == instance_type)
+        & (offers.spot_micros_per_hour >= 0)
+        & (offers.zone != zone)
+    )
+    order = sorted(rows, key=lambda i: (int(offers.spot_micros_per_hour[i]), str(offers.zone[i])))
+    return (zone, *dict.fromkeys(str(offers.zone[i]) for i in order))
 
 
 def refused_zones(session: Session, now: datetime, job_id: str | None = None) -> set[str]:

@@ -11,18 +11,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from broker.core.reservation import reservation
 from pricing.traces import Trace
 
 
 @dataclass(frozen=True)
 class TraceJob:
-    """One job: work and deadline in hours from its start, restart overhead, prices."""
+    """One job: work and deadline in hours from its start, restart overhead, prices, and the
+    reservation its policy's budget net keeps spend within (None: the one the broker makes,
+    ``broker.core.reservation``; ``math.inf``: no budget net)."""
 
     work_hours: float
     deadline_hours: float
     restart_hours: float
     spot_price: float
     on_demand_price: float
+    reserved: float | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,20 @@ class Ticks:
             deadline=math.floor(job.deadline_hours / tick + 1e-9),
             restart=math.ceil(job.restart_hours / tick - 1e-9),
         )
+
+
+def reserved(job: TraceJob, ticks: Ticks) -> float:
+    """What the job may spend ($): ``job.reserved``, or the broker's reservation for it."""
+    if job.reserved is not None:
+        return job.reserved
+    return reservation(
+        "auto",
+        on_demand_price=job.on_demand_price,
+        work_hours=ticks.work * ticks.hours,
+        restart_hours=ticks.restart * ticks.hours,
+        tick_hours=ticks.hours,
+        max_cost=math.inf,
+    )
 
 
 def zone_matrix(traces: Sequence[Trace]) -> tuple[np.ndarray, float]:

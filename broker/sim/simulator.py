@@ -6,7 +6,9 @@ in one zone, or on-demand, which is always obtainable) and pays its price for ev
 holds it; every start or switch costs ``restart_hours`` with no progress; a spot instance is
 lost at the first tick its zone is unavailable. Hours are turned into ticks once per job:
 work and restart overhead rounded up, the deadline rounded down (so the model never flatters
-a policy). A job starts at a trace offset and wraps around the end of the trace.
+a policy). A job starts at a trace offset and wraps around the end of the trace. The policy
+sees what the job has spent and its reservation (``scenario.reserved``), as live, so its
+budget net works here too.
 
 The simulator asks the policy through the same rule the live broker runs (the batched form of
 ``broker.core.policy``), for all start offsets in lockstep. ``broker.sim.hindsight`` gives the
@@ -25,7 +27,7 @@ from broker.core.policy_vectorized import BATCH_POLICIES, BatchPolicy, BatchStat
 from broker.core.spot_mdp import SpotPlan
 from broker.sim.hindsight import optimal_costs
 from broker.sim.history import prime_history, start_plans
-from broker.sim.scenario import Ticks, TraceJob, job_windows, zone_matrix
+from broker.sim.scenario import Ticks, TraceJob, job_windows, reserved, zone_matrix
 from pricing.traces import Trace
 
 
@@ -89,9 +91,11 @@ def simulate_runs(
     b = len(offsets)
     n = b * len(runs)
     dt = first.hours
-    deadline, work_total, restart = (
+    deadline, work_total, restart, cap = (
         np.repeat(np.array(values), b)
-        for values in zip(*((t.deadline, t.work, t.restart) for t, _ in runs), strict=True)
+        for values in zip(
+            *((t.deadline, t.work, t.restart, reserved(j, t)) for t, j in runs), strict=True
+        )
     )
     horizon = int(deadline.max())
     window = np.tile(job_windows(matrix, offsets, max(horizon, 1)), (1, len(runs), 1))
@@ -148,6 +152,8 @@ def simulate_runs(
             plans=plans[0] if plans is not None else (),
             plan_of=plan_of,
             plan_row=plan_row,
+            spent=dt * (job.spot_price * held[0] + job.on_demand_price * held[1]),
+            reserved=cap,
         )
         action, target = decide(state)
         action = np.where(stopped, Action.STOP, np.where(expired, Action.CONTINUE, action))

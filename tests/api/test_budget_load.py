@@ -137,10 +137,21 @@ def test_500_concurrent_submissions_from_4_processes_never_overspend(
             workload={"model": "ResNet-50", "steps": 4000},
             deadline=deadline.isoformat().replace("+00:00", "Z"),
         )
-        quote = http.post("/v1/quotes", json=spec, headers=headers)
-        assert quote.status_code == 200, quote.text
-        # What a submission reserves: its best plan's worst case, capped at max_cost.
-        each = min(Decimal(quote.json()["plans"][0]["worst_case_cost"]), Decimal("10.00"))
+        # What a submission reserves (admission.reservation): one submitted by another team.
+        probe = http.post(
+            "/v1/teams",
+            headers=admin,
+            json={"name": "load-probe", "budget": {"limit": "100000.00", "period": "total"}},
+        )
+        assert probe.status_code == 201, probe.text
+        probe_key = http.post(
+            f"/v1/teams/{probe.json()['id']}/keys", headers=admin, json={"name": "probe"}
+        )
+        assert probe_key.status_code == 201, probe_key.text
+        probe_headers = {"Authorization": f"Bearer {probe_key.json()['token']}"}
+        probed = http.post("/v1/jobs", json=spec, headers=probe_headers)
+        assert probed.status_code == 201, probed.text
+        each = Decimal(probed.json()["reserved"])
         assert each > 0
         # N reservations plus 40% of one more: the (N+1)th never fits.
         limit = (each * ACCEPTED + each * Decimal("0.4")).quantize(Decimal("0.000001"))

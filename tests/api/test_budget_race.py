@@ -10,7 +10,7 @@ from sqlalchemy import func
 from sqlmodel import Session, select
 
 from broker.db.models import LedgerEntry
-from tests.helpers import job_spec, worst_case
+from tests.helpers import job_spec, reservation
 
 
 def test_fifty_concurrent_submissions_accept_exactly_ten(
@@ -18,7 +18,7 @@ def test_fifty_concurrent_submissions_accept_exactly_ten(
 ):
     team, headers = make_team(limit="1000.00", period="total")
     spec = job_spec(max_cost="10.00", workload={"model": "ResNet-50", "steps": 4000})
-    each = Decimal(worst_case(client, headers, spec))
+    each = Decimal(reservation(client, make_team, spec))
     client.patch(
         f"/v1/teams/{team['id']}", headers=admin_headers, json={"budget": {"limit": str(each * 10)}}
     )

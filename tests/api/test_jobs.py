@@ -6,20 +6,23 @@ from decimal import Decimal
 
 import pytest
 
-from tests.helpers import RUN, job_spec, quote_spec, worst_case
+from tests.helpers import RUN, job_spec, quote_spec, reservation
 
 
-def test_submit_reserves_the_plans_worst_case_and_queues(client, make_team):
+def test_submit_reserves_what_its_policy_may_spend_and_queues(client, make_team):
     _, headers = make_team(limit="1000.00")
-    quoted = client.post("/v1/quotes", json=job_spec(), headers=headers).json()["plans"][0]
+    quote = client.post("/v1/quotes", json=job_spec(), headers=headers).json()
+    quoted = quote["plans"][0]
     response = client.post("/v1/jobs", json=job_spec(), headers=headers)
     assert response.status_code == 201, response.text
     job = response.json()
     assert job["status"] == "queued"
     assert job["plan"] == quoted
-    reserved = Decimal(quoted["worst_case_cost"])
-    assert Decimal("0") < reserved <= Decimal("250.00")
-    assert Decimal(job["reserved"]) == reserved
+    # on-demand for all the work at least, within 1.5 x the on-demand-only cost
+    reserved = Decimal(job["reserved"])
+    on_demand = Decimal(quote["cheapest_on_demand"]["expected_cost"])
+    assert on_demand < reserved <= Decimal("1.5") * on_demand
+    assert reserved <= min(Decimal(quoted["worst_case_cost"]), Decimal("250.00"))
     assert job["spent"] == "0.00"
     assert job["progress"] == {
         "work_done": 0.0,
@@ -34,7 +37,7 @@ def test_submit_reserves_the_plans_worst_case_and_queues(client, make_team):
 
 def test_over_budget_submission_is_402_with_figures(client, make_team):
     _, headers = make_team(limit="0.50")
-    needed = worst_case(client, headers, job_spec())
+    needed = reservation(client, make_team, job_spec())
     response = client.post("/v1/jobs", json=job_spec(), headers=headers)
     assert response.status_code == 402
     detail = response.json()["detail"]
@@ -44,7 +47,7 @@ def test_over_budget_submission_is_402_with_figures(client, make_team):
 
 def test_second_submission_over_budget_is_rejected(client, make_team, admin_headers):
     team, headers = make_team(limit="1000.00")
-    limit = (Decimal(worst_case(client, headers, job_spec())) * Decimal("1.5")).quantize(
+    limit = (Decimal(reservation(client, make_team, job_spec())) * Decimal("1.5")).quantize(
         Decimal("0.01")
     )
     client.patch(

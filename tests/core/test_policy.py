@@ -156,6 +156,10 @@ def random_batch(rng: np.random.Generator, n: int) -> BatchState:
     ]
     plans = (solve(chains, 300, 400, 3, 0.92, 3.06), solve(chains[:2], 200, 220, 1, 0.5, 3.06))
     plan_of = rng.integers(0, 2, n)
+    spent = rng.uniform(0, 50, n)
+    # around what finishing on on-demand needs, so the budget net binds on some states
+    reserved = spent + 3.06 * (work_left + restart + tick) * rng.uniform(0.9, 1.2, n)
+    reserved[rng.random(n) < 0.2] = np.inf
     return BatchState(
         hours_to_deadline=to_deadline,
         hours_total=total,
@@ -178,6 +182,8 @@ def random_batch(rng: np.random.Generator, n: int) -> BatchState:
         plans=plans,
         plan_of=plan_of,
         plan_row=rng.integers(0, 2, n),
+        spent=spent,
+        reserved=reserved,
     )
 
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from sqlmodel import select
 
-from broker.db.models import Attempt, Job
+from broker.db.models import Attempt, Job, Team
 from broker.services import lifecycle
 from broker.services.agent_reports import report_progress
 from broker.services.launch_request import agent_token
@@ -147,3 +147,16 @@ def test_the_lease_sweep_renews_leases_about_to_end_and_stops_lapsed_ones(
     stopped = session.get(Attempt, attempts[lapsed.id])
     assert (stopped.status, stopped.end_reason) == ("ended", "lease")
     assert f"i-{lapsed.id}" in cloud.terminated
+
+
+def test_a_launch_keeps_to_the_reservation_admission_made(session, db_engine, clock, submit):
+    job = submit()
+    held = job_reserved(session, job.id)
+    team = session.get(Team, job.team_id)
+    team.budget_limit_micros = held  # nothing left to top a reservation up from
+    session.add(team)
+    session.commit()
+    assert runner(db_engine, Cloud(), "secret").launch(job.id) is not None
+    session.expire_all()
+    assert session.get(Job, job.id).status == "running"
+    assert job_reserved(session, job.id) == held

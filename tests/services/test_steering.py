@@ -1,4 +1,5 @@
-"""Steering running jobs on a real database: spot to on-demand and back, starting markets."""
+"""Steering running jobs on a real database: spot to on-demand and back, starting markets,
+within the job's reservation."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from datetime import timedelta
 
 from broker.db.models import Job
 from broker.services import agent_reports, lifecycle
+from broker.services.ledger import book_spend, job_reserved, job_spent
 from broker.services.quoting import get_planning
-from broker.services.steering import market_now, steer
+from broker.services.reservations import finish_on_demand, offer_prices
+from broker.services.steering import candidate_zones, market_now, policy_state, steer
 from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen
 
 
@@ -59,6 +62,16 @@ def _on_demand(session, job, clock):  # type: ignore[no-untyped-def]
     return attempt, token
 
 
+def _refuse_spot_everywhere(session, jobs, clock):  # type: ignore[no-untyped-def]
+    """Spot launches refused for capacity in every zone of SPOT_PLAN's shape, taking turns
+    among ``jobs`` (so none reaches its limit of failed launches in a row)."""
+    zones = candidate_zones(get_planning(), "aws", SPOT_PLAN["instance_type"], "use1-az1")
+    for i, zone in enumerate(zones):
+        plan = chosen({**SPOT_PLAN, "zone": zone}, SPOT_PRICE)
+        refused, _ = lifecycle.begin_attempt(session, jobs[i % len(jobs)].id, plan, clock.now())
+        lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
+
+
 def test_on_demand_attempt_moves_back_to_spot_right_after_a_checkpoint(session, clock, submit):
     job = submit()
     planning = get_planning()
@@ -96,11 +109,8 @@ def test_on_demand_attempt_stays_when_spot_was_just_refused_or_the_deadline_is_c
     refused, _ = lifecycle.begin_attempt(session, other.id, chosen(od_plan, 3_060_000), clock.now())
     lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
-    # Its spot launch in the zone is refused: no spot there for a while.
-    refused, _ = lifecycle.begin_attempt(
-        session, other.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
-    )
-    lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
+    # Its spot launches in every zone of the shape are refused: no spot for a while.
+    _refuse_spot_everywhere(session, [other, submit(budget=3_000_000_000)], clock)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
     clock.advance(3600 * 1.5)
     agent_reports.record_progress(
@@ -128,11 +138,60 @@ def test_job_refused_spot_in_every_known_zone_starts_on_demand(session, clock, s
     job = submit()
     planning = get_planning()
     assert market_now(planning, session, job, clock.now(), tick_hours=0.1) is None  # the plan's
-    refused, _ = lifecycle.begin_attempt(
-        session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
-    )
-    lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
+    _refuse_spot_everywhere(session, [job, submit(budget=2_000_000_000)], clock)
     assert market_now(planning, session, job, clock.now(), tick_hours=0.1) == "on_demand"
     # An hour later the refusal has aged out: spot is worth a try again.
     clock.advance(3600 * 1.5)
     assert market_now(planning, session, job, clock.now(), tick_hours=0.1) is None
+
+
+def test_the_policy_sees_the_jobs_own_prices_spend_reservation_and_zones(
+    session, clock, submit, run_spot
+):
+    job = submit()
+    planning = get_planning()
+    attempt, _ = run_spot(job)
+    state = policy_state(planning, session, job, attempt, clock.now(), 0.1)
+    assert state is not None
+    _, on_demand = offer_prices(planning, "aws", "use1-az1", "p3.2xlarge") or (0, 0)
+    assert (state.spot_price, state.on_demand_price) == (SPOT_PRICE / 1e6, on_demand / 1e6)
+    spent, held = job_spent(session, job.id), job_reserved(session, job.id)
+    assert (state.spent, state.reserved) == (spent / 1e6, (spent + held) / 1e6)
+    finish = finish_on_demand(planning, session, job, clock.now(), 0.1)
+    assert state.on_demand_cost == finish / 1e6 < state.reserved
+    assert state.zones[0] == "use1-az1" and len(state.zones) > 1
+
+
+def _spend_down_to_finishing_on_demand(session, job, attempt, clock):  # type: ignore[no-untyped-def]
+    """Book spend until the job holds just what finishing on on-demand costs."""
+    finish = finish_on_demand(get_planning(), session, job, clock.now(), 0.1)
+    book_spend(session, job, attempt, job_reserved(session, job.id) - int(finish), clock.now())
+    session.commit()
+
+
+def test_spot_moves_to_on_demand_once_the_reservation_only_covers_finishing_there(
+    session, clock, submit, run_spot
+):
+    job = submit()
+    planning = get_planning()
+    attempt, token = run_spot(job)
+    clock.advance(1800)
+    agent_reports.record_progress(session, attempt.id, token, 100, f"jobs/{job.id}/k", clock.now())
+    job = session.get(Job, job.id)
+    assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
+    _spend_down_to_finishing_on_demand(session, job, attempt, clock)
+    assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "on_demand"
+
+
+def test_on_demand_stays_once_the_reservation_only_covers_finishing_there(session, clock, submit):
+    job = submit()
+    planning = get_planning()
+    attempt, token = _on_demand(session, job, clock)
+    clock.advance(900)
+    agent_reports.record_progress(
+        session, attempt.id, token, 50, f"jobs/{job.id}/ckpt-50", clock.now()
+    )
+    job = session.get(Job, job.id)
+    assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
+    _spend_down_to_finishing_on_demand(session, job, attempt, clock)
+    assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"

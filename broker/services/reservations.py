@@ -1,0 +1,130 @@
+"""What a job holds of its team's budget: the bound of ``broker.core.reservation``, live.
+
+Admission reserves it for the job's plan (``admission.submit``); a launch tops the job's hold
+up to the least its remaining work needs on the chosen plan (``Runner.launch`` ->
+``lifecycle.begin_attempt``); steering hands the policy the job's spend, its reservation and
+the cost of finishing on on-demand (``finish_on_demand``), so its budget net keeps spend
+within the reservation. Going on-demand live re-plans on the cheapest on-demand plan that
+meets the deadline (``fallback``), which is what these figures price.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import numpy as np
+from sqlmodel import Session
+
+from broker import clock
+from broker.core.planner import Plan
+from broker.core.reservation import RESERVE_FACTOR, reservation
+from broker.db.models import Job
+from broker.services.job_spec import JobSpec
+from broker.services.plans import ChosenPlan
+from broker.services.quoting import Planning, corrections
+from broker.settings import Settings, get_settings
+
+
+def offer_prices(
+    planning: Planning, provider: str, zone: str, instance_type: str
+) -> tuple[int, int] | None:
+    """(spot, on-demand) micro-dollars per hour of an offer the broker plans on (-1: that
+    market is not offered); None when it plans on no such offer."""
+    offers = planning.offers
+    rows = np.flatnonzero(
+        (offers.provider == provider)
+        & (offers.zone == zone)
+        & (offers.instance_type == instance_type)
+    )
+    if not len(rows):
+        return None
+    i = int(rows[0])
+    return int(offers.spot_micros_per_hour[i]), int(offers.on_demand_micros_per_hour[i])
+
+
+def tick_hours(settings: Settings | None = None) -> float:
+    """Broker-clock hours between two decisions of the control loop."""
+    return (settings or get_settings()).tick_seconds * clock.scale() / 3600
+
+
+def fallback(planning: Planning, session: Session, job: Job, start: datetime) -> Plan | None:
+    """The cheapest on-demand plan for the job's work left (from its latest checkpoint),
+    started at ``start``, that meets the deadline (whatever its cost); None when none does."""
+    if start >= job.deadline:
+        return None
+    plans = planning.quote(
+        JobSpec.model_validate(job.spec),
+        start,
+        learnt=corrections(session),
+        work_left=job.total_work - job.checkpointed_work,
+        market="on_demand",
+        top_n=1,
+    )
+    return plans.cheapest_on_demand
+
+
+def _bound(
+    planning: Planning,
+    job: Job,
+    plan: Plan | ChosenPlan,
+    tick: float,
+    factor: float,
+    on_demand_only: float | None = None,
+) -> float:
+    """``broker.core.reservation`` with an on-demand plan's offer as ``po`` and ``W`` (its
+    hours less the start-up): ``auto`` given ``on_demand_only``, else ``on_demand``."""
+    return reservation(
+        "on_demand" if on_demand_only is None else "auto",
+        on_demand_price=float(plan.price_per_hour_micros),
+        work_hours=max(plan.expected_hours - planning.startup_hours, 0.0),
+        restart_hours=planning.restart_hours(job),
+        tick_hours=tick,
+        max_cost=float(job.max_cost_micros),
+        on_demand_only=on_demand_only,
+        factor=factor,
+    )
+
+
+def finish_on_demand(
+    planning: Planning, session: Session, job: Job, now: datetime, tick: float
+) -> float:
+    """Micro-dollars that finishing on on-demand costs if it starts a tick from now, a tick
+    of margin included (``PolicyState.on_demand_cost``); inf when no on-demand plan started
+    then meets the deadline."""
+    plan = fallback(planning, session, job, now + timedelta(hours=tick))
+    if plan is None:
+        return float("inf")
+    rest = max(plan.expected_hours - planning.startup_hours, 0.0)
+    return plan.price_per_hour_micros * (rest + planning.restart_hours(job) + tick)
+
+
+def job_reservation(
+    planning: Planning,
+    session: Session,
+    job: Job,
+    plan: ChosenPlan,
+    now: datetime,
+    tick: float,
+    factor: float = RESERVE_FACTOR,
+    on_demand: Plan | None = None,
+) -> int:
+    """Micro-dollars to hold for the job's remaining work on ``plan``, within max_cost.
+
+    A spot-market job: the planner's worst case. An on-demand plan: its cost plus a restart.
+    A spot plan of an ``auto`` job: ``factor`` x the cost of ``on_demand`` (default: the
+    ``fallback`` from ``now``), at least that plan's cost plus a restart and a tick (factor 0:
+    just that, the least the budget net needs); the planner's worst case when no on-demand
+    plan meets the deadline.
+    """
+    worst = min(job.max_cost_micros, plan.worst_case_cost_micros)
+    if job.market == "spot":
+        return worst
+    if plan.market == "on_demand":
+        bound = _bound(planning, job, plan, tick, factor)
+    else:
+        on_demand = on_demand or fallback(planning, session, job, now)
+        if on_demand is None:
+            return worst
+        only = float(on_demand.expected_cost_micros)
+        bound = _bound(planning, job, on_demand, tick, factor, only)
+    return min(job.max_cost_micros, int(bound))  # down: the proof needs only po x (W + R)

@@ -1,0 +1,55 @@
+"""What admission holds: a bound of what the policy may spend, not the planner's worst case."""
+
+from __future__ import annotations
+
+import math
+
+from broker.core.reservation import RESERVE_FACTOR
+from broker.devstack.demo import demo_jobs
+from broker.services import admission
+from broker.services.job_spec import JobSpec
+from broker.services.ledger import job_reserved
+from broker.services.plans import job_plan
+from broker.services.quoting import get_planning
+from broker.services.teams import create_team
+
+
+def test_an_auto_job_holds_one_and_a_half_on_demand_runs_not_its_worst_case(session, submit):
+    job = submit()
+    plan = job_plan(job)
+    assert plan is not None and plan.market == "spot"
+    held = job_reserved(session, job.id)
+    on_demand = job.on_demand_cost_micros
+    assert held == math.floor(RESERVE_FACTOR * on_demand) < plan.worst_case_cost_micros
+
+
+def test_an_on_demand_job_holds_its_cost_and_one_restart(session, submit):
+    job = submit(market="on_demand")
+    plan = job_plan(job)
+    assert plan is not None
+    planning = get_planning()
+    restore = planning.restart_hours(job) - planning.startup_hours
+    held = job_reserved(session, job.id)
+    assert (
+        plan.worst_case_cost_micros
+        <= held
+        <= plan.expected_cost_micros + math.ceil(plan.price_per_hour_micros * restore)
+    )
+
+
+def test_a_spot_job_holds_the_planners_worst_case(session, submit):
+    job = submit(market="spot")
+    plan = job_plan(job)
+    assert plan is not None
+    assert job_reserved(session, job.id) == min(plan.worst_case_cost_micros, job.max_cost_micros)
+
+
+def test_every_demo_job_reserves_at_most_one_and_a_half_on_demand_runs(session, clock):
+    team = create_team(session, "demo", 10**12, "total", 0.8, clock.now())
+    for demo in demo_jobs(clock.now()):
+        if demo.expect not in ("accepted", "fails"):
+            continue
+        job, _ = admission.submit(session, team.id, JobSpec.model_validate(demo.spec), clock.now())
+        assert job.on_demand_cost_micros is not None
+        held = job_reserved(session, job.id)
+        assert held <= RESERVE_FACTOR * job.on_demand_cost_micros, demo.spec["name"]
