@@ -71,6 +71,18 @@ class Settings(BaseSettings):
     tick_seconds: float = Field(default=5.0, gt=0, description="Beat interval of tick (wall s).")
     reconcile_seconds: float = Field(default=30.0, gt=0)
     refresh_prices_seconds: float = Field(default=3600.0, gt=0)
+    price_check_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description="Wall seconds between a process's checks for newly stored prices (0: on "
+        "every quote and re-plan).",
+    )
+    price_history_days: float = Field(
+        default=30.0, gt=0, description="Days of price history kept (the current price always)."
+    )
+    spot_model_refit_seconds: float = Field(
+        default=600.0, gt=0, description="Beat interval of the spot model's refit (wall s)."
+    )
 
     # Spend control (broker/services/spend_control.py)
     lease_seconds: float = Field(
@@ -99,6 +111,9 @@ class Settings(BaseSettings):
     aws_secret_access_key: SecretStr | None = None
     aws_regions: list[str] = Field(default_factory=lambda: ["us-east-1", "us-east-2", "us-west-2"])
     gcp_endpoint_url: str | None = None
+    gcp_billing_endpoint_url: str | None = Field(
+        default=None, description="Cloud Billing Catalog API endpoint (default: Google's)."
+    )
     gcp_project: str = "broker-local"
     gcp_zones: list[str] = Field(
         default_factory=lambda: ["us-central1-a", "us-central1-b", "us-east1-b"]

@@ -45,6 +45,7 @@ CONTROL_TASKS = (
     "tasks.control_loop.tick",
     "tasks.control_loop.reconcile",
     "tasks.control_loop.refresh_prices",
+    "tasks.control_loop.refit_spot_model",
 )
 
 
@@ -81,6 +82,10 @@ def make_celery() -> Celery:
             "refresh-prices": {
                 "task": "tasks.control_loop.refresh_prices",
                 "schedule": settings.refresh_prices_seconds,
+            },
+            "refit-spot-model": {
+                "task": "tasks.control_loop.refit_spot_model",
+                "schedule": settings.spot_model_refit_seconds,
             },
             "heartbeat": {  # GET /healthz: beat is alive if this reached a worker lately
                 "task": "tasks.liveness.heartbeat",

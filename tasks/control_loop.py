@@ -1,15 +1,17 @@
 """The broker's Celery tasks: each validates its arguments and calls one service function
-(the runner's, or the price refresh)."""
+(the runner's, the price refresh, or the spot model's refit)."""
 
 from __future__ import annotations
 
 import logging
 
 from broker import clock
+from broker.db.engine import open_session
 from broker.faults import fault_point
 from broker.services.lifecycle import ToTerminate
 from broker.services.metrics import TICK_SECONDS
 from broker.services.price_refresh import refresh
+from broker.services.spot_model import refit
 from broker.services.wiring import get_runner
 from providers.base import TransientError
 from tasks.celery_app import app
@@ -71,3 +73,11 @@ def refresh_prices() -> dict[str, object]:
     """Beat: refresh spot prices from the clouds; a failure keeps the last good catalog."""
     runner = get_runner()
     return refresh(runner.planning, runner.engine, clock.now())
+
+
+@app.task
+def refit_spot_model() -> int:
+    """Beat: refit the shared spot model from the traces and the attempts; rows changed."""
+    runner = get_runner()
+    with open_session(runner.engine) as session:
+        return refit(session, clock.now(), runner.planning.offers)

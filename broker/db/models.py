@@ -210,3 +210,31 @@ class PriceRecord(SQLModel, table=True):
     micros_per_hour: int = _micros()
     observed_at: datetime = _ts(index=True)
     source: str = Field(max_length=40)
+
+
+class SpotModelRow(SQLModel, table=True):
+    """The spot model of one (provider, zone, instance family), shared by every process.
+
+    The runs it is fitted on, in hours, oldest first: the prior's (a sample of the bundled
+    traces, ``prior_runs`` of them) then those the broker's attempts saw; at most the newest
+    ``broker.core.spot_model.MAX_RUNS`` of each kind, so a row stays a few KB. The rates are
+    those of the chain the policy fits on these runs. ``fitted_at`` moves only when the fit
+    changed; its maximum is the version processes compare.
+    """
+
+    __tablename__ = "spot_model"
+
+    provider: str = Field(primary_key=True, max_length=20)
+    zone: str = Field(primary_key=True, max_length=40)
+    family: str = Field(primary_key=True, max_length=40)
+    up_runs: list[float] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    down_runs: list[float] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    last_available: bool = False  # the current state, as the attempts last saw it
+    age_hours: float = 0.0  # how long the current state has lasted (0: not seen)
+    prior: str = Field(max_length=500)  # "fleet" or the trace names the prior came from
+    prior_runs: int = 0  # of the runs above, how many are the prior's (windows + outages)
+    observations: int = 0  # spot attempts read (launched or refused)
+    preemptions_per_hour: float = 0.0  # per hour on spot
+    mean_window_hours: float = 0.0
+    mean_outage_hours: float = 0.0
+    fitted_at: datetime = _ts(index=True)
