@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -154,7 +154,7 @@ class Runner:
             if not may_launch(self.controls, live_counts(session), job.team_id):
                 return None  # the job waits (queued or preempted) for a free slot
             tried: set[tuple[str, str, str]] = set()
-            for choice in self._first_plan(session, job) + replan.choices[:3]:
+            for choice in self._choices(session, job, now, replan.choices[:3], market):
                 offer = (choice.zone, choice.instance_type, choice.market)
                 if offer in tried:
                     continue
@@ -189,6 +189,24 @@ class Runner:
                 if is_terminal(job.status):
                     return None
             return None
+
+    def _choices(
+        self,
+        session: Session,
+        job: Job,
+        now: datetime,
+        choices: list[ChosenPlan],
+        market: str | None,
+    ) -> Iterator[ChosenPlan]:
+        """The plans one launch tries in turn: admission's first plan (on a first launch),
+        the re-plan's best; then, for an ``auto`` job whose spot launches were all refused,
+        the best on-demand plan (computed only then), so a round of capacity refusals moves
+        it to on-demand instead of counting towards its launch failures."""
+        yield from self._first_plan(session, job)
+        yield from choices
+        if job.market == "auto" and market != "on_demand":
+            on_demand = self.planning.plans_for_job(session, job, now, market="on_demand")
+            yield from on_demand.choices[:1]
 
     def _first_plan(self, session: Session, job: Job) -> list[ChosenPlan]:
         """The plan admission chose and showed, for a job's first launch."""

@@ -10,6 +10,7 @@ runner (``broker.services.runner``) carries a move out.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -18,7 +19,9 @@ from sqlmodel import Session, col, select
 
 from broker.core import policy
 from broker.core.money import MICROS_PER_DOLLAR
+from broker.core.spot_model import family
 from broker.db.models import Attempt, Job
+from broker.services import spot_model
 from broker.services.ledger import job_reserved, job_spent
 from broker.services.plans import ChosenPlan, job_plan
 from broker.services.quoting import Planning
@@ -149,11 +152,18 @@ def policy_state(
         if attempt.work_done <= attempt.work_at_start and attempt.started_at is not None:
             ran = (now - attempt.started_at).total_seconds() / 3600
             restart_left = max(restart - ran, 0.0)
-    history = spot_history(session, now)
     where = attempt or plan
     assert where is not None  # a GPU came from one of them
     spot_price, on_demand_price = _prices(planning, where)
-    zones = candidate_zones(planning, where.provider, where.instance_type, where.zone)
+    live = spot_history(session, now)
+    # Live, spot is known only where an attempt ran or tried to launch: the policy weighs
+    # those of the shape's zones (and the job's own), not zones no launch has tried.
+    zones = tuple(
+        z
+        for z in candidate_zones(planning, where.provider, where.instance_type, where.zone)
+        if z == where.zone or z in live.zones
+    )
+    history = zone_histories(session, where.provider, where.instance_type, where.gpu, zones, live)
     refused = refused_zones(session, now)
     running_spot = attempt.zone if attempt is not None and attempt.market == "spot" else None
     spent = job_spent(session, job.id)
@@ -211,6 +221,32 @@ def candidate_zones(
     )
     order = sorted(rows, key=lambda i: (int(offers.spot_micros_per_hour[i]), str(offers.zone[i])))
     return (zone, *dict.fromkeys(str(offers.zone[i]) for i in order))
+
+
+def zone_histories(
+    session: Session,
+    provider: str,
+    instance_type: str,
+    gpu: str,
+    zones: tuple[str, ...],
+    observed: policy.AvailabilityHistory,
+) -> policy.AvailabilityHistory:
+    """The shared spot model's history of the job's candidate zones (``spot_model``: the
+    traces' prior and every attempt's observations as of its latest refit), with each
+    zone's current state and age as the broker's own attempts see it now (``observed``,
+    from ``spot_history``: a refit may be minutes old; the policy reads the current
+    window's age)."""
+    shape = family(provider, instance_type, gpu)
+    shared = spot_model.history(session, [(provider, zone, shape) for zone in zones])
+    live = observed.zones
+    merged = dict(shared.zones)
+    for zone, seen in shared.zones.items():
+        if zone in live:
+            now_seen = live[zone]
+            merged[zone] = replace(
+                seen, last_available=now_seen.last_available, age_hours=now_seen.age_hours
+            )
+    return policy.AvailabilityHistory(merged)
 
 
 def refused_zones(session: Session, now: datetime, job_id: str | None = None) -> set[str]:

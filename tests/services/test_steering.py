@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from broker.db.models import Job
+from broker.core.spot_model import family
+from broker.db.models import Job, SpotModelRow
 from broker.services import agent_reports, lifecycle
 from broker.services.ledger import book_spend, job_reserved, job_spent
 from broker.services.quoting import get_planning
@@ -62,6 +63,25 @@ def _on_demand(session, job, clock):  # type: ignore[no-untyped-def]
     return attempt, token
 
 
+def _steady_spot(session, clock):  # type: ignore[no-untyped-def]
+    """The shared spot model says spot in every zone of SPOT_PLAN's shape holds for many
+    hours at a time (windows of 12 h, outages of 6 min): moving back to spot pays."""
+    shape = family("aws", SPOT_PLAN["instance_type"], SPOT_PLAN["gpu"])
+    for zone in candidate_zones(get_planning(), "aws", SPOT_PLAN["instance_type"], "use1-az1"):
+        session.add(
+            SpotModelRow(
+                provider="aws",
+                zone=zone,
+                family=shape,
+                up_runs=[12.0] * 100,
+                down_runs=[0.1] * 100,
+                prior="test",
+                fitted_at=clock.now(),
+            )
+        )
+    session.commit()
+
+
 def _refuse_spot_everywhere(session, jobs, clock):  # type: ignore[no-untyped-def]
     """Spot launches refused for capacity in every zone of SPOT_PLAN's shape, taking turns
     among ``jobs`` (so none reaches its limit of failed launches in a row)."""
@@ -73,6 +93,7 @@ def _refuse_spot_everywhere(session, jobs, clock):  # type: ignore[no-untyped-de
 
 
 def test_on_demand_attempt_moves_back_to_spot_right_after_a_checkpoint(session, clock, submit):
+    _steady_spot(session, clock)
     job = submit()
     planning = get_planning()
     attempt, token = _on_demand(session, job, clock)
@@ -94,6 +115,7 @@ def test_on_demand_attempt_moves_back_to_spot_right_after_a_checkpoint(session, 
 def test_on_demand_attempt_stays_when_spot_was_just_refused_or_the_deadline_is_close(
     session, clock, submit
 ):
+    _steady_spot(session, clock)
     job = submit()
     planning = get_planning()
     attempt, token = _on_demand(session, job, clock)
@@ -159,7 +181,16 @@ def test_the_policy_sees_the_jobs_own_prices_spend_reservation_and_zones(
     assert (state.spent, state.reserved) == (spent / 1e6, (spent + held) / 1e6)
     finish = finish_on_demand(planning, session, job, clock.now(), 0.1)
     assert state.on_demand_cost == finish / 1e6 < state.reserved
-    assert state.zones[0] == "use1-az1" and len(state.zones) > 1
+    assert state.zones == ("use1-az1",)  # the shape's other zones: no launch tried them yet
+    shape_zones = candidate_zones(planning, "aws", SPOT_PLAN["instance_type"], "use1-az1")
+    other = submit(budget=2_000_000_000)
+    tried, _ = lifecycle.begin_attempt(
+        session, other.id, chosen({**SPOT_PLAN, "zone": shape_zones[-1]}, SPOT_PRICE), clock.now()
+    )
+    lifecycle.launch_failed(session, tried.id, "capacity", clock.now())
+    state = policy_state(planning, session, job, attempt, clock.now(), 0.1)
+    assert state is not None and state.zones == ("use1-az1", shape_zones[-1])
+    assert state.spot_obtainable == (True, False)
 
 
 def _spend_down_to_finishing_on_demand(session, job, attempt, clock):  # type: ignore[no-untyped-def]
@@ -184,6 +215,7 @@ def test_spot_moves_to_on_demand_once_the_reservation_only_covers_finishing_ther
 
 
 def test_on_demand_stays_once_the_reservation_only_covers_finishing_there(session, clock, submit):
+    _steady_spot(session, clock)
     job = submit()
     planning = get_planning()
     attempt, token = _on_demand(session, job, clock)
