@@ -33,6 +33,7 @@ from broker.bundled import bundled_throughput_model
 from broker.client import BrokerApiError, BrokerClient, BrokerUnreachable
 from broker.core.job_status import TERMINAL
 from broker.core.throughput import Workload
+from broker.devstack import demo_market
 
 EXAMPLES = Path(broker.__file__).resolve().parent.parent / "examples"
 """The folder every demo job runs in (uploaded once per team): ``train.py`` is its program."""
@@ -327,27 +328,6 @@ def summary_tables(jobs: list[DemoJob], budgets: dict[str, dict]) -> Group:
     return Group(per_job, teams)
 
 
-def _outage(stack: Any, rows: dict[str, dict]) -> str | None:
-    """Take spot away in the zone most running spot jobs use (as a real outage would)."""
-    zones: dict[tuple[str, str, str], int] = {}
-    for row in rows.values():
-        plan = row.get("plan") or {}
-        if row["status"] == "running" and plan.get("market") == "spot":
-            key = (plan["provider"], plan["region"], plan["zone"])
-            zones[key] = zones.get(key, 0) + 1
-    if not zones:
-        return None
-    provider, region, zone = max(zones, key=lambda k: zones[k])
-    name = zone
-    if provider == "aws":
-        from broker.settings import get_settings
-        from providers.aws import AwsProvider
-
-        name = AwsProvider.from_settings(get_settings()).resolve_zone(region, zone)
-    stack.cloud.market.set_available(provider, name, "*", False)
-    return f"{provider} {zone}"
-
-
 def run_demo(
     console: Console,
     *,
@@ -381,7 +361,9 @@ def run_demo(
         admitted = [j for j in jobs if j.id is not None]
         outage_at = clock.now() + timedelta(hours=1)
         outage: str | None = None
-        rows: dict[str, dict] = {}
+        rows = {r["id"]: r for team in client.teams for r in client.jobs(team)}
+        if rise := demo_market.stage_price_rise(stack, rows, clock.now() + timedelta(hours=2)):
+            console.print(f"[yellow]price change staged[/yellow]: {rise}")
         spend: dict[str, str] = {}
         with Live(console=console, refresh_per_second=2, transient=False) as live:
             while time.monotonic() - started < wall_limit_seconds:
@@ -393,7 +375,7 @@ def run_demo(
                     k: v for team in client.teams for k, v in client.spend_by_job(team).items()
                 }
                 if outage is None and clock.now() >= outage_at:
-                    outage = _outage(stack, rows) or "none"
+                    outage = demo_market.outage(stack, rows) or "none"
                     if outage != "none":
                         console.print(f"[red]spot outage[/red] in {outage}")
                 live.update(live_table(jobs, rows, spend))

@@ -138,6 +138,7 @@ class EmbeddedStack:
                 "BROKER_RECONCILE_SECONDS": str(self.reconcile_seconds),
                 "BROKER_API_URL": self.api_url,
                 **self.agent_timing(),
+                **self.market_timing(),
                 **self.extra_env,
             }
             if self.celery_broker_url:
@@ -269,6 +270,15 @@ class EmbeddedStack:
             "BROKER_AGENT_SILENCE_SECONDS": f"{patient:g}",
             "BROKER_AGENT_BOOT_GRACE_SECONDS": f"{patient:g}",
             "BROKER_AGENT_REPORT_SECONDS": f"{max(60.0, 1.0 * self.scale):g}",
+        }
+
+    def market_timing(self) -> dict[str, str]:
+        """The price refresh and the spot model's refit at their production pace in broker
+        time (hourly, every 10 minutes), within what a laptop can run: at least 10 and 5
+        wall seconds apart."""
+        return {
+            "BROKER_REFRESH_PRICES_SECONDS": f"{max(10.0, 3600.0 / self.scale):g}",
+            "BROKER_SPOT_MODEL_REFIT_SECONDS": f"{max(5.0, 600.0 / self.scale):g}",
         }
 
     # -- looking in -------------------------------------------------------------------------
