@@ -1,14 +1,21 @@
-"""Live catalog refresh through the clouds' own clients (boto3, google-cloud-compute).
+"""Live prices from the clouds' own pricing APIs, through their real clients.
 
-AWS: current spot prices (``describe_spot_price_history``), shapes (``describe_instance_types``)
-and which zones offer each type (``describe_instance_type_offerings``). GCP: which zones are
-up and which machine and accelerator types each zone lists; the Compute API publishes no
-prices, so GCP prices stay those of the snapshot. Rows a cloud no longer offers are dropped.
-A failed refresh returns the table it was given, with the error, and logs why.
+AWS (boto3): on-demand from the Price List API (``pricing`` ``get_products``, one product per
+instance type and region), spot from ``describe_spot_price_history`` (the newest price per
+instance type and zone), and which zones still offer each type
+(``describe_instance_type_offerings``). GCP: the Cloud Billing Catalog API
+(``google-cloud-billing`` ``CloudCatalogClient.list_skus``), offer prices composed from host
+and GPU SKUs (:mod:`pricing.gcp_skus`); the Compute API says which zones are up and which
+machine and accelerator types each lists.
+
+A refresh returns :class:`~broker.core.offers.PriceObservation` rows for the table it is
+given, all observed at ``now``; a row the cloud no longer offers gets ``NO_PRICE`` in both
+markets. A failed refresh returns no observations and the error, and logs it; it never raises.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,40 +26,94 @@ from typing import Any
 import numpy as np
 
 from broker.core.money import to_micros
-from broker.core.offers import OfferTable
-from pricing.gcp_catalog import GCE_ACCELERATOR_TYPES
+from broker.core.offers import NO_PRICE, OfferTable, PriceObservation
+from pricing.gcp_catalog import GCE_ACCELERATOR_TYPES, WHOLE_GPU_MACHINES
+from pricing.gcp_skus import COMPUTE_SERVICE, index_skus
 
 logger = logging.getLogger(__name__)
 
+AWS_PRICING = "aws-pricing"
+AWS_SPOT_HISTORY = "aws-spot-history"
+GCP_CLOUD_BILLING = "gcp-cloud-billing"
 SPOT_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
+PRICE_LIST_REGION = "us-east-1"  # where the Price List API answers
+# One Linux on-demand product per instance type and region (no reservations, no bundled
+# software, no Capacity Blocks, which share every other attribute for GPU types).
+PRICE_LIST_TERMS = {
+    "operatingSystem": "Linux",
+    "tenancy": "Shared",
+    "preInstalledSw": "NA",
+    "capacitystatus": "Used",
+    "marketoption": "OnDemand",
+}
 
 
 @dataclass(frozen=True)
-class PriceSnapshot:
-    """What one refresh saw: its source, when, and how many rows it changed or dropped."""
+class RefreshOutcome:
+    """What one refresh of one cloud saw: its observations, or why it failed."""
 
-    source: str
-    taken_at: datetime
-    regions: tuple[str, ...]
-    rows_updated: int
-    rows_dropped: int
+    source: str  # "aws" | "gcp"
+    observations: list[PriceObservation]
+    error: str | None = None  # set when the refresh failed (observations then empty)
 
 
-@dataclass(frozen=True)
-class RefreshResult:
-    """The table to use from now on, the snapshot behind it, or the error that kept the old."""
+def _observe(
+    table: OfferTable, i: int, market: str, micros: int, now: datetime, source: str
+) -> PriceObservation:
+    return PriceObservation(
+        provider=str(table.provider[i]),
+        region=str(table.region[i]),
+        zone=str(table.zone[i]),
+        instance_type=str(table.instance_type[i]),
+        market=market,
+        micros_per_hour=int(micros),
+        observed_at=now,
+        source=source,
+        gpu=str(table.gpu[i]),
+    )
 
-    table: OfferTable
-    snapshot: PriceSnapshot | None
-    error: str | None = None
+
+def _failed(source: str, exc: BaseException) -> RefreshOutcome:
+    error = f"{source} refresh failed: {type(exc).__name__}: {exc}"
+    logger.warning("price refresh failed; prices stay as stored", extra={"error": error})
+    return RefreshOutcome(source, [], error)
 
 
-def _as_of(now: datetime) -> np.datetime64:
-    return np.datetime64(int(now.timestamp()), "s")
+def on_demand_usd(item: str | dict[str, Any]) -> Decimal | None:
+    """The hourly USD price of one Price List product (a JSON string as ``get_products``
+    returns it); None for a product with no on-demand hourly price or a zero one."""
+    data = json.loads(item) if isinstance(item, str) else item
+    if data.get("product", {}).get("attributes", {}).get("marketoption", "OnDemand") != "OnDemand":
+        return None
+    for term in data.get("terms", {}).get("OnDemand", {}).values():
+        for dimension in term.get("priceDimensions", {}).values():
+            usd = dimension.get("pricePerUnit", {}).get("USD")
+            if dimension.get("unit") == "Hrs" and usd and Decimal(usd) > 0:
+                return Decimal(usd)
+    return None
 
 
-def _aws_region(ec2: Any, types: list[str]) -> tuple[dict, dict, set]:
-    """(shape by type, spot micros by (type, zone id), offered (type, zone id)) for a region."""
+def _price_list(pricing: Any, instance_type: str, region: str) -> int | None:
+    terms = {**PRICE_LIST_TERMS, "instanceType": instance_type, "regionCode": region}
+    filters = [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in terms.items()]
+    prices = {
+        usd
+        for page in pricing.get_paginator("get_products").paginate(
+            ServiceCode="AmazonEC2", Filters=filters, FormatVersion="aws_v1"
+        )
+        for item in page["PriceList"]
+        if (usd := on_demand_usd(item)) is not None
+    }
+    if len(prices) > 1:
+        logger.warning(
+            "several on-demand prices listed; taking the highest",
+            extra={"instance_type": instance_type, "region": region, "prices": sorted(prices)},
+        )
+    return to_micros(max(prices)) if prices else None
+
+
+def _aws_region(ec2: Any, types: list[str], now: datetime) -> tuple[set, dict]:
+    """(offered (type, zone id), spot micros by (type, zone id)) in one region."""
     zone_ids = {
         z["ZoneName"]: z["ZoneId"] for z in ec2.describe_availability_zones()["AvailabilityZones"]
     }
@@ -64,21 +125,18 @@ def _aws_region(ec2: Any, types: list[str]) -> tuple[dict, dict, set]:
         )
         for o in page["InstanceTypeOfferings"]
     }
-    shapes = {
-        t["InstanceType"]: t
-        for page in ec2.get_paginator("describe_instance_types").paginate(Filters=by_type)
-        for t in page["InstanceTypes"]
-    }
+    # From ``now``: EC2 includes the price in effect at StartTime, so the newest is current.
     latest: dict[tuple[str, str], tuple[datetime, str]] = {}
     for page in ec2.get_paginator("describe_spot_price_history").paginate(
-        InstanceTypes=types, ProductDescriptions=list(SPOT_PRODUCTS)
+        InstanceTypes=types, ProductDescriptions=list(SPOT_PRODUCTS), StartTime=now
     ):
         for item in page["SpotPriceHistory"]:
-            key = (item["InstanceType"], zone_ids.get(item["AvailabilityZone"], ""))
-            if key not in latest or item["Timestamp"] > latest[key][0]:
+            zone_id = item.get("AvailabilityZoneId") or zone_ids.get(item["AvailabilityZone"], "")
+            key = (item["InstanceType"], zone_id)
+            if key not in latest or item["Timestamp"] > latest[key][0]:  # newest listed first
                 latest[key] = (item["Timestamp"], item["SpotPrice"])
     spot = {key: to_micros(Decimal(price)) for key, (_, price) in latest.items()}
-    return shapes, spot, offered
+    return offered, spot
 
 
 def refresh_aws(
@@ -87,58 +145,77 @@ def refresh_aws(
     session: Any = None,
     endpoint_url: str | None = None,
     regions: Iterable[str] | None = None,
-) -> RefreshResult:
-    """New spot prices, shapes and availability for the table's AWS rows (via boto3)."""
+) -> RefreshOutcome:
+    """On-demand (Price List API) and spot (spot price history) prices of the table's AWS
+    rows in ``regions`` (default: every region of the table), via boto3."""
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
-    session = session or boto3.session.Session()
     aws = table.provider == "aws"
-    wanted = sorted(set(regions) if regions is not None else set(table.region[aws].tolist()))
-    spot = table.spot_micros_per_hour.copy()
-    vcpus, ram, gpu_mem = table.vcpus.copy(), table.ram_gb.copy(), table.gpu_memory_gb.copy()
-    as_of = table.price_as_of.copy()
-    keep = np.ones(len(table), dtype=bool)
-    updated = 0
+    present = set(table.region[aws].tolist())
+    wanted = sorted(present if regions is None else present & set(regions))
+    observations: list[PriceObservation] = []
     try:
+        session = session or boto3.session.Session()
+        pricing = session.client(
+            "pricing", region_name=PRICE_LIST_REGION, endpoint_url=endpoint_url
+        )
         for region in wanted:
             rows = np.flatnonzero(aws & (table.region == region))
             types = sorted(set(table.instance_type[rows].tolist()))
             ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url)
-            shapes, prices, offered = _aws_region(ec2, types)
+            offered, spot = _aws_region(ec2, types, now)
+            on_demand = {t: _price_list(pricing, t, region) for t in types}
             for i in rows:
                 key = (str(table.instance_type[i]), str(table.zone[i]))
-                keep[i] = key in offered
-                if key in prices:
-                    spot[i], as_of[i] = prices[key], _as_of(now)
-                    updated += 1
-                shape = shapes.get(key[0])
-                if shape:
-                    vcpus[i] = shape["VCpuInfo"]["DefaultVCpus"]
-                    ram[i] = shape["MemoryInfo"]["SizeInMiB"] / 1024
-                    gpus = shape.get("GpuInfo", {}).get("Gpus") or [{}]
-                    gpu_mem[i] = (
-                        gpus[0].get("MemoryInfo", {}).get("SizeInMiB", 0) / 1024 or gpu_mem[i]
-                    )
+                if key not in offered:  # each market's source says it is gone
+                    observations.append(_observe(table, i, "on_demand", NO_PRICE, now, AWS_PRICING))
+                    observations.append(_observe(table, i, "spot", NO_PRICE, now, AWS_SPOT_HISTORY))
+                    continue
+                if on_demand[key[0]] is not None:
+                    price = on_demand[key[0]]
+                    observations.append(_observe(table, i, "on_demand", price, now, AWS_PRICING))
+                if key in spot:
+                    price = spot[key]
+                    observations.append(_observe(table, i, "spot", price, now, AWS_SPOT_HISTORY))
     except (BotoCoreError, ClientError) as exc:
-        logger.warning(
-            "AWS price refresh failed; keeping the last catalog", extra={"error": str(exc)}
-        )
-        return RefreshResult(table, None, f"aws refresh failed: {exc}")
-    new = table.replace(
-        spot_micros_per_hour=spot, vcpus=vcpus, ram_gb=ram, gpu_memory_gb=gpu_mem, price_as_of=as_of
-    ).take(keep)
-    snapshot = PriceSnapshot("aws", now, tuple(wanted), updated, int((~keep).sum()))
-    return RefreshResult(new, snapshot)
+        return _failed("aws", exc)
+    except Exception as exc:  # never raise: the caller keeps the stored prices
+        logger.exception("unexpected failure of the AWS price refresh")
+        return _failed("aws", exc)
+    return RefreshOutcome("aws", observations)
 
 
-def _gcp_zone_catalog(clients: dict[str, Any], project: str, zone: str) -> tuple[dict, dict]:
-    machines = {m.name: m for m in clients["machines"].list(project=project, zone=zone)}
-    accelerators = {
-        a.name: a.maximum_cards_per_instance
-        for a in clients["accelerators"].list(project=project, zone=zone)
-    }
-    return machines, accelerators
+def _gcp_availability(
+    compute: dict[str, Any], project: str, table: OfferTable, rows: np.ndarray
+) -> tuple[set[str], set[tuple[str, str]], dict[tuple[str, str], int]]:
+    """(zones up, (zone, machine type) listed, max cards by (zone, accelerator type))."""
+    up = {z.name for z in compute["zones"].list(project=project) if z.status == "UP"}
+    machines = sorted(set(table.instance_type[rows].tolist()))
+    accelerators = sorted(set(GCE_ACCELERATOR_TYPES.values()))
+    listed: set[tuple[str, str]] = set()
+    for scope, scoped in compute["machines"].aggregated_list(
+        request={"project": project, "filter": f'name eq "({"|".join(machines)})"'}
+    ):
+        listed |= {(scope.rsplit("/", 1)[-1], m.name) for m in scoped.machine_types}
+    cards: dict[tuple[str, str], int] = {}
+    for scope, scoped in compute["accelerators"].aggregated_list(
+        request={"project": project, "filter": f'name eq "({"|".join(accelerators)})"'}
+    ):
+        zone = scope.rsplit("/", 1)[-1]
+        for accelerator in scoped.accelerator_types:
+            cards[zone, accelerator.name] = accelerator.maximum_cards_per_instance
+    return up, listed, cards
+
+
+def _client_kwargs(endpoint_url: str | None, credentials: Any) -> dict[str, Any]:
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+
+    if credentials is None and endpoint_url and endpoint_url.startswith("http://"):
+        credentials = AnonymousCredentials()  # a local fake: nothing to authenticate
+    options = ClientOptions(api_endpoint=endpoint_url) if endpoint_url else None
+    return {"credentials": credentials, "client_options": options, "transport": "rest"}
 
 
 def refresh_gcp(
@@ -147,48 +224,55 @@ def refresh_gcp(
     project: str,
     endpoint_url: str | None = None,
     credentials: Any = None,
-) -> RefreshResult:
-    """Availability and shapes for the table's GCP rows (via google-cloud-compute).
+    billing_endpoint_url: str | None = None,
+) -> RefreshOutcome:
+    """On-demand and spot prices of the table's GCP rows from the Cloud Billing Catalog API
+    (host + GPU SKUs), where the Compute API (``endpoint_url``) still offers them.
 
-    A plain-http ``endpoint_url`` (a local fake) gets anonymous credentials unless given.
+    A plain-http endpoint (a local fake) gets anonymous credentials unless given.
     """
     import requests
-    from google.api_core.client_options import ClientOptions
     from google.api_core.exceptions import GoogleAPIError
-    from google.auth.credentials import AnonymousCredentials
     from google.auth.exceptions import GoogleAuthError
-    from google.cloud import compute_v1
+    from google.cloud import billing_v1, compute_v1
 
-    if credentials is None and endpoint_url and endpoint_url.startswith("http://"):
-        credentials = AnonymousCredentials()
-    options = ClientOptions(api_endpoint=endpoint_url) if endpoint_url else None
-    kwargs = {"credentials": credentials, "client_options": options, "transport": "rest"}
-    gcp = table.provider == "gcp"
-    vcpus, ram = table.vcpus.copy(), table.ram_gb.copy()
-    keep = ~gcp
+    rows = np.flatnonzero(table.provider == "gcp")
+    if len(rows) == 0:
+        return RefreshOutcome("gcp", [])
+    observations: list[PriceObservation] = []
     try:
-        clients: dict[str, Any] = {
+        kwargs = _client_kwargs(endpoint_url, credentials)
+        compute = {
             "zones": compute_v1.ZonesClient(**kwargs),
             "machines": compute_v1.MachineTypesClient(**kwargs),
             "accelerators": compute_v1.AcceleratorTypesClient(**kwargs),
         }
-        up = {z.name for z in clients["zones"].list(project=project) if z.status == "UP"}
-        zones = sorted(set(table.zone[gcp].tolist()) & up)
-        for zone in zones:
-            machines, accelerators = _gcp_zone_catalog(clients, project, zone)
-            for i in np.flatnonzero(gcp & (table.zone == zone)):
-                machine = machines.get(str(table.instance_type[i]))
-                attached = str(table.instance_type[i]).startswith("n1-")
-                cards = accelerators.get(GCE_ACCELERATOR_TYPES.get(str(table.gpu[i]), ""), 0)
-                keep[i] = machine is not None and (not attached or cards >= table.gpu_count[i])
-                if machine is not None:
-                    vcpus[i], ram[i] = machine.guest_cpus, machine.memory_mb / 1024
+        up, listed, cards = _gcp_availability(compute, project, table, rows)
+        catalog = billing_v1.CloudCatalogClient(**_client_kwargs(billing_endpoint_url, credentials))
+        skus = index_skus(catalog.list_skus(parent=COMPUTE_SERVICE))
+        for i in rows:
+            zone, machine = str(table.zone[i]), str(table.instance_type[i])
+            gpu, _ = WHOLE_GPU_MACHINES.get(machine, (str(table.gpu[i]), 0))
+            count = int(table.gpu_count[i])
+            accelerator = (zone, GCE_ACCELERATOR_TYPES.get(gpu, ""))
+            offered = (
+                zone in up
+                and (zone, machine) in listed
+                and (machine in WHOLE_GPU_MACHINES or cards.get(accelerator, 0) >= count)
+            )
+            family, region = machine.split("-", 1)[0], str(table.region[i])
+            vcpus, ram_gb = float(table.vcpus[i]), float(table.ram_gb[i])
+            for market in ("on_demand", "spot"):
+                price = (
+                    skus.compose_micros(family, vcpus, ram_gb, gpu, count, region, market)
+                    if offered
+                    else None
+                )
+                micros = NO_PRICE if price is None else price
+                observations.append(_observe(table, i, market, micros, now, GCP_CLOUD_BILLING))
     except (GoogleAPIError, GoogleAuthError, requests.RequestException) as exc:
-        logger.warning(
-            "GCP catalog refresh failed; keeping the last catalog", extra={"error": str(exc)}
-        )
-        return RefreshResult(table, None, f"gcp refresh failed: {exc}")
-    regions = tuple(sorted({z.rsplit("-", 1)[0] for z in zones}))
-    dropped = int((gcp & ~keep).sum())
-    new = table.replace(vcpus=vcpus, ram_gb=ram).take(keep)
-    return RefreshResult(new, PriceSnapshot("gcp", now, regions, 0, dropped))
+        return _failed("gcp", exc)
+    except Exception as exc:  # never raise: the caller keeps the stored prices
+        logger.exception("unexpected failure of the GCP price refresh")
+        return _failed("gcp", exc)
+    return RefreshOutcome("gcp", observations)

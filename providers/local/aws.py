@@ -1,7 +1,8 @@
 """Local AWS: moto's server in-process (EC2, S3) behind a middleware that adds what
 moto lacks and the broker relies on: ClientToken idempotency, spot capacity from the
-market replay, spot interruptions with their two-minute notice, injected faults, and real
-instances: the user data script of each launch runs as a local process (``LocalInstances``)."""
+market replay, spot interruptions with their two-minute notice, injected faults, prices
+(the Price List API and the spot price history, ``aws_pricing.py``), and real instances:
+the user data script of each launch runs as a local process (``LocalInstances``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ from providers.local.aws_launch import (
     gpu_of_instance_type,
     request_tags,
 )
+from providers.local.aws_pricing import AwsPrices, pricing_fault
+from providers.local.aws_spot_history import describe_spot_price_history
 from providers.local.faults import Fault, FaultInjector
 from providers.local.instances import NOTICE_SECONDS, LocalInstances
 from providers.local.market import MarketReplay
@@ -102,8 +105,8 @@ _FAULT_ANSWERS = {
 
 
 class CloudBehaviour:
-    """WSGI middleware in front of moto: faults, spot capacity, ClientToken idempotency, and
-    the processes of the instances it launches and terminates."""
+    """WSGI middleware in front of moto: faults, spot capacity, prices, ClientToken
+    idempotency, and the processes of the instances it launches and terminates."""
 
     def __init__(
         self,
@@ -116,6 +119,7 @@ class CloudBehaviour:
         self.market = market
         self.faults = faults
         self.instances = instances
+        self.prices = AwsPrices(market)
         self._launch_lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Any:
@@ -123,20 +127,26 @@ class CloudBehaviour:
         signed = environ.get("HTTP_AUTHORIZATION") or unquote(environ.get("QUERY_STRING", ""))
         scope = _SCOPE.search(signed)
         service, region = (scope["service"], scope["region"]) if scope else ("", "")
-        if service in ("ec2", "s3") and self.faults is not None:
+        if service in ("ec2", "s3", "pricing") and self.faults is not None:
             fault = self.faults.decide()
             if fault is Fault.DELAY:
                 time.sleep(self.faults.delay_seconds)
+            elif fault is not None and service == "pricing":
+                return pricing_fault(start_response, fault)
             elif fault is not None:
                 status, code = _FAULT_ANSWERS[(service, fault)]
                 answer = ec2_error if service == "ec2" else s3_error
                 return answer(start_response, status, code, f"injected fault: {fault}")
+        if service == "pricing":
+            return self.prices.get_products(environ, start_response)
         if service != "ec2" or environ.get("REQUEST_METHOD") != "POST":
             return self.app(environ, start_response)
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length) if length else b""
         environ["wsgi.input"] = io.BytesIO(body)
         params = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+        if params.get("Action") == "DescribeSpotPriceHistory":
+            return describe_spot_price_history(self.prices, params, region, start_response)
         if params.get("Action") == "TerminateInstances":
             return self._terminate(params, environ, start_response)
         if params.get("Action") != "RunInstances":
@@ -355,6 +365,7 @@ class LocalAws:
             self.faults,
             self.instances,
         )
+        app.prices.offer_catalog_types()
         self._server = make_server(
             self.host, self.port, app, threaded=True, request_handler=_QuietHandler
         )

@@ -1,8 +1,18 @@
-"""What the GCE fake offers in every zone: machine types and GPU accelerator types."""
+"""What the GCE fake offers: its zones, and each zone's machine types and GPU accelerator types.
+
+The fake lists every zone of the bundled GCP catalog (``pricing/data/gcp-gpu-vms.csv``) besides
+the zones it runs instances in, and in a catalog zone the GPU machine types and accelerator
+types the catalog lists there (N1 shapes everywhere); a zone the catalog lacks offers all.
+"""
 
 from __future__ import annotations
 
+import threading
 import zlib
+from collections.abc import Iterable
+from functools import cache
+
+from pricing.gcp_catalog import GCE_ACCELERATOR_TYPES, WHOLE_GPU_MACHINES, read_gcp_rows
 
 # name -> (vCPUs, memory MiB, GPU catalog name or "", GPUs bundled with the machine type)
 MACHINE_TYPES: dict[str, tuple[int, int, str, int]] = {
@@ -12,6 +22,7 @@ MACHINE_TYPES: dict[str, tuple[int, int, str, int]] = {
     "a2-highgpu-2g": (24, 174080, "A100", 2),
     "a2-highgpu-4g": (48, 348160, "A100", 4),
     "a2-highgpu-8g": (96, 696320, "A100", 8),
+    "a2-megagpu-16g": (96, 1392640, "A100", 16),
     "a2-ultragpu-1g": (12, 174080, "A100-80GB", 1),
     "a2-ultragpu-8g": (96, 1392640, "A100-80GB", 8),
     "a2-ultragpu-2g": (24, 348160, "A100-80GB", 2),
@@ -41,6 +52,7 @@ ACCELERATOR_TYPES: dict[str, tuple[str, int, bool]] = {
     "nvidia-tesla-a100": ("A100", 16, False),
     "nvidia-a100-80gb": ("A100-80GB", 8, False),
     "nvidia-h100-80gb": ("H100", 8, False),
+    "nvidia-h100-mega-80gb": ("H100", 8, False),
     "nvidia-l4": ("L4", 8, False),
     "nvidia-h200-141gb": ("H200", 8, False),
 }
@@ -60,7 +72,7 @@ def machine_type_resource(base: str, project: str, zone: str, name: str) -> dict
         "selfLink": f"{base}/projects/{project}/zones/{zone}/machineTypes/{name}",
     }
     if gpu:
-        accelerator = next(a for a, (g, _, _) in ACCELERATOR_TYPES.items() if g == gpu)
+        accelerator = GCE_ACCELERATOR_TYPES[WHOLE_GPU_MACHINES[name][0]]
         resource["accelerators"] = [
             {"guestAcceleratorType": accelerator, "guestAcceleratorCount": count}
         ]
@@ -86,3 +98,69 @@ def gpu_of(machine_type: str, accelerator_type: str | None) -> str:
     if accelerator_type and accelerator_type in ACCELERATOR_TYPES:
         return ACCELERATOR_TYPES[accelerator_type][0]
     return MACHINE_TYPES.get(machine_type, (0, 0, "", 0))[2]
+
+
+@cache
+def _catalog_offers() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Machine types and accelerator types by zone, as the bundled catalog lists them."""
+    hosts, accelerators = read_gcp_rows()
+    machines: dict[str, set[str]] = {}
+    for machine, zone in hosts:
+        if machine in WHOLE_GPU_MACHINES:
+            machines.setdefault(zone, set()).add(machine)
+    cards: dict[str, set[str]] = {zone: set() for zone in machines}
+    for name, _, zone in accelerators:
+        cards.setdefault(zone, set()).add(GCE_ACCELERATOR_TYPES[name])
+        machines.setdefault(zone, set())
+    return machines, cards
+
+
+class ZoneCatalog:
+    """The zones the fake lists (its own first), what each offers, and test switches:
+    a zone taken down, a machine or accelerator type withdrawn from a zone."""
+
+    def __init__(self, zones: Iterable[str]) -> None:
+        own = list(zones)
+        machines, _ = _catalog_offers()
+        self.zones = own + sorted(set(machines) - set(own))
+        self._down: set[str] = set()
+        self._withdrawn: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def status(self, zone: str) -> str:
+        return "DOWN" if zone in self._down else "UP"
+
+    def set_up(self, zone: str, up: bool) -> None:
+        """Take a zone down (``up=False``) or bring it back."""
+        with self._lock:
+            (self._down.discard if up else self._down.add)(zone)
+
+    def withdraw(self, zone: str, name: str, withdrawn: bool = True) -> None:
+        """Stop (or, with ``withdrawn=False``, resume) listing a machine or accelerator type."""
+        with self._lock:
+            (self._withdrawn.add if withdrawn else self._withdrawn.discard)((zone, name))
+
+    def reset(self) -> None:
+        """Every zone up, nothing withdrawn."""
+        with self._lock:
+            self._down.clear()
+            self._withdrawn.clear()
+
+    def machine_types(self, zone: str) -> list[str]:
+        machines, _ = _catalog_offers()
+        gpu_machines = machines.get(zone)
+        names = [
+            name
+            for name, (_, _, gpu, _) in MACHINE_TYPES.items()
+            if gpu_machines is None or not gpu or name in gpu_machines
+        ]
+        return [name for name in names if (zone, name) not in self._withdrawn]
+
+    def accelerator_types(self, zone: str) -> list[str]:
+        _, cards = _catalog_offers()
+        listed = cards.get(zone)
+        return [
+            name
+            for name in ACCELERATOR_TYPES
+            if (listed is None or name in listed) and (zone, name) not in self._withdrawn
+        ]

@@ -1,7 +1,8 @@
 """A small Compute Engine v1 REST server: exactly the calls ``providers/gcp.py`` makes.
 
 Instances insert/get/delete/list/aggregatedList, zone operations get/wait/list, zones,
-machine types and accelerator types; ``requestId`` deduplication, label filters,
+machine types and accelerator types (per zone and aggregated, as ``gce_catalog.ZoneCatalog``
+says); ``requestId`` deduplication, label filters,
 Google's JSON errors, spot capacity and preemption (after a notice) from the market, injected
 faults; with ``LocalInstances``, each instance's ``startup-script`` runs as a local process.
 """
@@ -10,14 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
-import threading
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -26,14 +23,14 @@ from starlette.routing import Route
 
 from broker import clock as broker_clock
 from broker.clock import Clock
+from providers.local.asgi_thread import AsgiThread
 from providers.local.faults import Fault, FaultInjector
 from providers.local.gce_catalog import (
-    ACCELERATOR_TYPES,
-    MACHINE_TYPES,
+    ZoneCatalog,
     accelerator_type_resource,
     machine_type_resource,
 )
-from providers.local.gce_state import BASE, ApiError, ComputeState
+from providers.local.gce_state import BASE, ApiError, ComputeState, matches_filter
 from providers.local.instances import NOTICE_SECONDS, LocalInstances
 from providers.local.market import MarketReplay
 
@@ -54,17 +51,28 @@ def google_error(status: int, reason: str, message: str, domain: str = "global")
     return JSONResponse(body, status_code=status)
 
 
-def build_app(state: ComputeState, faults: FaultInjector | None = None) -> Starlette:
-    """The Starlette application serving ``state``."""
+async def injected_fault(faults: FaultInjector | None) -> JSONResponse | None:
+    """Google's error answer to an injected fault, or None (after an injected delay)."""
+    fault = faults.decide() if faults is not None else None
+    if fault is Fault.DELAY:
+        await asyncio.sleep(faults.delay_seconds if faults else 0)
+    elif fault is not None:
+        status, reason, domain, message = _FAULTS[fault]
+        return google_error(status, reason, message, domain)
+    return None
+
+
+def build_app(
+    state: ComputeState, faults: FaultInjector | None = None, catalog: ZoneCatalog | None = None
+) -> Starlette:
+    """The Starlette application serving ``state``, listing the zones of ``catalog``."""
+    catalog = catalog or ZoneCatalog(state.zones)
 
     def endpoint(handler: Handler) -> Handler:
         async def serve(request: Request) -> JSONResponse:
-            fault = faults.decide() if faults is not None else None
-            if fault is Fault.DELAY:
-                await asyncio.sleep(faults.delay_seconds if faults else 0)
-            elif fault is not None:
-                status, reason, domain, message = _FAULTS[fault]
-                return google_error(status, reason, message, domain)
+            failure = await injected_fault(faults)
+            if failure is not None:
+                return failure
             try:
                 return JSONResponse(await handler(request))
             except ApiError as exc:
@@ -113,11 +121,15 @@ def build_app(state: ComputeState, faults: FaultInjector | None = None) -> Starl
         items = state.operations(*params(request), request.query_params.get("filter"))
         return {"kind": "compute#operationList", "id": "operations", "items": items}
 
+    def check_listed(zone: str) -> None:
+        if zone not in catalog.zones:
+            raise ApiError(404, "notFound", f"The resource 'zones/{zone}' was not found")
+
     def zone_resource(project: str, zone: str) -> dict[str, Any]:
         return {
             "kind": "compute#zone",
             "name": zone,
-            "status": "UP",
+            "status": catalog.status(zone),
             "region": f"{BASE}/projects/{project}/regions/{zone.rsplit('-', 1)[0]}",
             "selfLink": f"{BASE}/projects/{project}/zones/{zone}",
         }
@@ -126,34 +138,53 @@ def build_app(state: ComputeState, faults: FaultInjector | None = None) -> Starl
         project = request.path_params["project"]
         return {
             "kind": "compute#zoneList",
-            "items": [zone_resource(project, z) for z in state.zones],
+            "items": [zone_resource(project, z) for z in catalog.zones],
         }
 
     async def zone(request: Request) -> Any:
         project, name = params(request)
-        state.check_zone(name)
+        check_listed(name)
         return zone_resource(project, name)
 
-    def catalog(names: Iterable[str], make: Callable[..., dict[str, Any]], kind: str) -> Handler:
-        async def listing(request: Request) -> Any:
+    Names = Callable[[str], Iterable[str]]
+
+    def listing(names: Names, make: Callable[..., dict[str, Any]], kind: str) -> Handler:
+        async def serve(request: Request) -> Any:
             project, zone_name = params(request)
-            state.check_zone(zone_name)
-            return {"kind": kind, "items": [make(BASE, project, zone_name, n) for n in names]}
+            check_listed(zone_name)
+            items = [make(BASE, project, zone_name, n) for n in names(zone_name)]
+            return {"kind": kind, "items": items}
 
-        return listing
+        return serve
 
-    def catalog_item(names: Iterable[str], make: Callable[..., dict[str, Any]]) -> Handler:
-        known = set(names)
+    def aggregated_listing(
+        names: Names, make: Callable[..., dict[str, Any]], kind: str, key: str
+    ) -> Handler:
+        async def serve(request: Request) -> Any:
+            project, expression = request.path_params["project"], request.query_params.get("filter")
+            items: dict[str, Any] = {}
+            for zone_name in catalog.zones:
+                found = [make(BASE, project, zone_name, n) for n in names(zone_name)]
+                found = [r for r in found if matches_filter(r, expression)]
+                items[f"zones/{zone_name}"] = (
+                    {key: found}
+                    if found
+                    else {"warning": {"code": "NO_RESULTS_ON_PAGE", "message": "No results."}}
+                )
+            return {"kind": kind, "id": project, "items": items}
 
-        async def item(request: Request) -> Any:
+        return serve
+
+    def item(names: Names, make: Callable[..., dict[str, Any]]) -> Handler:
+        async def serve(request: Request) -> Any:
             project, zone_name = params(request)
-            state.check_zone(zone_name)
+            check_listed(zone_name)
             name = request.path_params["name"]
-            if name not in known:
+            if name not in names(zone_name):
                 raise ApiError(404, "notFound", f"The resource '{name}' was not found")
             return make(BASE, project, zone_name, name)
 
-        return item
+        return serve
 
     prefix = "/compute/v1/projects/{project}"
     zone_prefix = prefix + "/zones/{zone}"
@@ -168,25 +199,20 @@ def build_app(state: ComputeState, faults: FaultInjector | None = None) -> Starl
         Route(zone_prefix + "/operations/{operation}/wait", endpoint(operation), methods=["POST"]),
         Route(prefix + "/zones", endpoint(zones), methods=["GET"]),
         Route(zone_prefix, endpoint(zone), methods=["GET"]),
-        Route(
-            zone_prefix + "/machineTypes",
-            endpoint(catalog(MACHINE_TYPES, machine_type_resource, "compute#machineTypeList")),
-        ),
-        Route(
-            zone_prefix + "/machineTypes/{name}",
-            endpoint(catalog_item(MACHINE_TYPES, machine_type_resource)),
-        ),
-        Route(
-            zone_prefix + "/acceleratorTypes",
-            endpoint(
-                catalog(ACCELERATOR_TYPES, accelerator_type_resource, "compute#acceleratorTypeList")
-            ),
-        ),
-        Route(
-            zone_prefix + "/acceleratorTypes/{name}",
-            endpoint(catalog_item(ACCELERATOR_TYPES, accelerator_type_resource)),
-        ),
     ]
+    machines, accelerators = catalog.machine_types, catalog.accelerator_types
+    for plural, names, make, kind in (
+        ("machineTypes", machines, machine_type_resource, "compute#machineType"),
+        ("acceleratorTypes", accelerators, accelerator_type_resource, "compute#acceleratorType"),
+    ):
+        routes += [
+            Route(f"{zone_prefix}/{plural}", endpoint(listing(names, make, f"{kind}List"))),
+            Route(f"{zone_prefix}/{plural}/{{name}}", endpoint(item(names, make))),
+            Route(
+                f"{prefix}/aggregated/{plural}",
+                endpoint(aggregated_listing(names, make, f"{kind}AggregatedList", plural)),
+            ),
+        ]
     return Starlette(routes=routes)
 
 
@@ -215,34 +241,19 @@ class GceFake:
             instances=instances,
             notice_seconds=spot_notice_seconds,
         )
-        self.app = build_app(self.state, faults)
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self.catalog = ZoneCatalog(zones)
+        self.app = build_app(self.state, faults, self.catalog)
+        self._server = AsgiThread(self.app, host, port, "gce-fake")
 
     @property
     def endpoint_url(self) -> str:
         """``http://127.0.0.1:<port>``, valid once started."""
-        if self._server is None:
-            raise RuntimeError("GceFake is not started")
-        return f"http://{self.host}:{self.port}"
+        return self._server.url
 
     def start(self) -> GceFake:
         """Bind the port, serve in a thread, and attach the preemptor to the market."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="gce-fake", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the GCE fake did not start")
-            time.sleep(0.01)
+        self._server.start()
+        self.port = self._server.port
         if self.market is not None:
             self.market.attach(self.state.preempt)
         logger.info("GCE fake listening", extra={"endpoint_url": self.endpoint_url})
@@ -250,11 +261,7 @@ class GceFake:
 
     def stop(self) -> None:
         """Ask uvicorn to exit and wait for the thread."""
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        self._server = self._thread = None
+        self._server.stop()
 
     def __enter__(self) -> GceFake:
         return self.start()

@@ -1,8 +1,11 @@
-"""Market replay: spot availability per (provider, zone, GPU) follows real traces.
+"""Market replay: spot availability per (provider, zone, GPU) follows real traces, and
+prices move when a test or the demo says so.
 
 The local clouds ask ``is_available`` when a spot launch arrives and register a
 preemptor that ``step()`` (or the background thread) calls to take spot instances
-back in zones that just became unavailable. Time is the broker's clock.
+back in zones that just became unavailable. Prices are the bundled catalog's unless
+``set_price`` (now) or ``stage_price`` (at a given time) changed them; the local pricing
+APIs serve ``price_changes()`` over the catalog. Time is the broker's clock.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 
 from broker import clock as broker_clock
@@ -22,6 +26,25 @@ logger = logging.getLogger(__name__)
 ANY_GPU = "*"
 MarketKey = tuple[str, str, str]  # (provider, zone, GPU catalog name or ANY_GPU)
 Preemptor = Callable[["MarketReplay"], int]
+
+
+MARKETS = ("spot", "on_demand")
+
+
+@dataclass(frozen=True)
+class PriceChange:
+    """From ``effective_at`` on, one offer's price in one market is ``micros_per_hour``
+    (``-1``: that market is no longer offered). ``zone`` as the catalog names it (AWS zone
+    id such as ``use1-az2``, or the zone name; GCP zone name); ``gpu`` narrows a GCP N1
+    host to the GPU it carries (empty: every GPU)."""
+
+    provider: str
+    zone: str
+    instance_type: str
+    market: str
+    micros_per_hour: int
+    effective_at: datetime
+    gpu: str = ""
 
 
 def _key(provider: str, zone: str, gpu: str) -> MarketKey:
@@ -82,6 +105,7 @@ class MarketReplay:
         self._clock = clock
         self.start_time = start or self.now()
         self._overrides: dict[MarketKey, bool] = {}
+        self._price_changes: list[PriceChange] = []
         self._preemptors: list[Preemptor] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -127,9 +151,56 @@ class MarketReplay:
                 self._overrides[_key(provider, zone, gpu)] = available
 
     def clear_overrides(self) -> None:
-        """Every zone follows its trace again."""
+        """Every zone follows its trace again, and every price is the catalog's again."""
         with self._lock:
             self._overrides.clear()
+            self._price_changes.clear()
+
+    def set_price(
+        self,
+        provider: str,
+        zone: str,
+        instance_type: str,
+        market: str,
+        micros_per_hour: int,
+        *,
+        gpu: str = "",
+    ) -> None:
+        """Change an offer's price in ``market`` ("spot" or "on_demand") now."""
+        now = self.now()
+        self.stage_price(now, provider, zone, instance_type, market, micros_per_hour, gpu=gpu)
+
+    def stage_price(
+        self,
+        at: datetime,
+        provider: str,
+        zone: str,
+        instance_type: str,
+        market: str,
+        micros_per_hour: int,
+        *,
+        gpu: str = "",
+    ) -> None:
+        """Change an offer's price in ``market`` once the market's clock passes ``at``."""
+        if market not in MARKETS:
+            raise ValueError(f"market must be one of {MARKETS}, not {market!r}")
+        change = PriceChange(
+            provider.lower(), zone, instance_type, market, int(micros_per_hour), at, gpu.upper()
+        )
+        with self._lock:
+            self._price_changes.append(change)
+
+    def price_changes(self, provider: str | None = None) -> list[PriceChange]:
+        """The changes in effect by now (staged ones whose time has come), oldest first
+        (by time, then in the order given): apply them in order over the catalog."""
+        now = self.now()
+        with self._lock:
+            changes = [
+                c
+                for c in self._price_changes
+                if c.effective_at <= now and (provider is None or c.provider == provider.lower())
+            ]
+        return sorted(changes, key=lambda c: c.effective_at)  # stable: ties keep their order
 
     def attach(self, preemptor: Preemptor) -> None:
         """Register a cloud's "take back spot instances where unavailable" callback."""

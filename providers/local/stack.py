@@ -1,5 +1,6 @@
-"""``LocalCloud``: moto server, GCE fake, market replay and the instances' processes (with
-their metadata server), started and stopped together."""
+"""``LocalCloud``: moto server (with the AWS pricing APIs), GCE fake, Cloud Billing fake, market
+replay and the instances' processes (with their metadata server), started and stopped
+together."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pydantic import SecretStr
 from broker.clock import Clock
 from broker.settings import Settings
 from providers.local.aws import LocalAws, zone_names
+from providers.local.billing_fake import BillingFake
 from providers.local.faults import FaultInjector
 from providers.local.gce_fake import GceFake
 from providers.local.instances import NOTICE_SECONDS, LocalInstances, Runner
@@ -30,7 +32,9 @@ LOCAL_IMAGE_IDS = {"x86_64": "ami-760aaa0f", "arm64": "ami-0e9271c829888680e"}
 
 
 class LocalCloud:
-    """Both local clouds sharing one market replay and one fault injector.
+    """Both local clouds sharing one market replay and one fault injector; their pricing
+    APIs (AWS Price List and spot price history, the Cloud Billing fake) serve the bundled
+    prices as ``market.set_price`` / ``stage_price`` move them.
 
     Use as a context manager; ``env`` holds the ``BROKER_*`` variables that point the
     broker's providers at it, ``settings()`` the same as a ``Settings`` copy. ``instances``
@@ -92,6 +96,7 @@ class LocalCloud:
             instances=self.instances,
             spot_notice_seconds=notice["gcp"],
         )
+        self.billing = BillingFake(host=host, market=self.market, faults=self.faults)
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> LocalCloud:
@@ -117,6 +122,11 @@ class LocalCloud:
         return self.gce.endpoint_url
 
     @property
+    def gcp_billing_endpoint_url(self) -> str:
+        """Where the Cloud Billing Catalog fake listens."""
+        return self.billing.endpoint_url
+
+    @property
     def env(self) -> dict[str, str]:
         """Environment variables that point a broker process at these clouds."""
         return {
@@ -124,6 +134,7 @@ class LocalCloud:
             "BROKER_AWS_ACCESS_KEY_ID": LOCAL_ACCESS_KEY,
             "BROKER_AWS_SECRET_ACCESS_KEY": LOCAL_SECRET_KEY,
             "BROKER_GCP_ENDPOINT_URL": self.gcp_endpoint_url,
+            "BROKER_GCP_BILLING_ENDPOINT_URL": self.gcp_billing_endpoint_url,
             "BROKER_GCP_PROJECT": self.gcp_project,
             "BROKER_CHECKPOINT_BUCKET": self.checkpoint_bucket,
             "BROKER_AWS_IMAGE_IDS": json.dumps(LOCAL_IMAGE_IDS),
@@ -138,6 +149,7 @@ class LocalCloud:
                 "aws_secret_access_key": SecretStr(LOCAL_SECRET_KEY),
                 "aws_regions": self.aws_regions,
                 "gcp_endpoint_url": self.gcp_endpoint_url,
+                "gcp_billing_endpoint_url": self.gcp_billing_endpoint_url,
                 "gcp_project": self.gcp_project,
                 "gcp_zones": self.gcp_zones,
                 "checkpoint_bucket": self.checkpoint_bucket,
@@ -151,6 +163,7 @@ class LocalCloud:
         try:
             self.aws.start()
             self.gce.start()
+            self.billing.start()
             S3CheckpointStore(
                 self.checkpoint_bucket,
                 endpoint_url=self.aws_endpoint_url,
@@ -169,9 +182,10 @@ class LocalCloud:
         return self
 
     def stop(self) -> None:
-        """Stop the market thread, kill every instance, stop both servers."""
+        """Stop the market thread, kill every instance, stop the servers."""
         self.market.stop()
         self.instances.close()
+        self.billing.stop()
         self.gce.stop()
         self.aws.stop()
 

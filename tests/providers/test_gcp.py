@@ -169,7 +169,9 @@ def test_fake_serves_zones_machine_types_and_accelerator_types(local_cloud: Loca
     endpoint = {"api_endpoint": local_cloud.gcp_endpoint_url}
     project = local_cloud.gcp_project
     zones = compute_v1.ZonesClient(client_options=endpoint, **options)
-    assert [z.name for z in zones.list(project=project)] == local_cloud.gcp_zones
+    listed = [z.name for z in zones.list(project=project)]  # its own, then the catalog's
+    assert listed[: len(local_cloud.gcp_zones)] == local_cloud.gcp_zones
+    assert "europe-west4-a" in listed
     machine_types = compute_v1.MachineTypesClient(client_options=endpoint, **options)
     a2 = machine_types.get(project=project, zone=ZONE, machine_type="a2-highgpu-1g")
     assert a2.accelerators[0].guest_accelerator_type == "nvidia-tesla-a100"
