@@ -23,6 +23,7 @@ import httpx
 
 Period = Literal["month", "total"]
 GroupBy = Literal["day", "job", "provider"]
+Market = Literal["spot", "on_demand"]
 Money = str | Decimal | int  # USD: a Decimal is sent as a string, never a float
 When = date | str | None  # an aware datetime, or ISO 8601 text with an offset
 WORKDIR_LIMIT_BYTES = 64 * 1024 * 1024
@@ -72,6 +73,29 @@ class Plan(_Offer):
     expected_cost: str
     worst_case_cost: str
     p_deadline: float
+    price_observed_at: str | None  # None: the bundled snapshot's price
+    price_source: str
+
+
+class Price(TypedDict):
+    """An offer's current price on one market, as ``GET /v1/prices`` lists it."""
+
+    provider: str
+    region: str
+    zone: str
+    instance_type: str
+    gpu: str
+    gpu_count: int
+    market: str
+    price_per_hour: str
+    observed_at: str | None  # None: the bundled snapshot's price
+    source: str
+
+
+class PricePage(TypedDict):
+    items: list[Price]
+    total: int
+    next_offset: int | None
 
 
 class Quote(TypedDict):
@@ -427,6 +451,33 @@ class BrokerClient:
     def quote(self, spec: Mapping[str, Any]) -> Quote:
         """Ranked plans for a job spec, cheapest expected cost first; launches nothing."""
         return cast(Quote, self._json("POST", "/v1/quotes", json=spec))
+
+    def prices(
+        self,
+        gpu: str | None = None,
+        provider: str | None = None,
+        region: str | None = None,
+        market: Market | None = None,
+        page_size: int = 1000,
+    ) -> list[Price]:
+        """Every launchable offer's current price on each market (filters case-insensitive),
+        cheapest first per GPU type and count, page after page."""
+        params: dict[str, Any] = {
+            "gpu": gpu,
+            "provider": provider,
+            "region": region,
+            "market": market,
+            "limit": page_size,
+        }
+        prices: list[Price] = []
+        offset: int | None = 0
+        while offset is not None:
+            page = cast(
+                PricePage, self._json("GET", "/v1/prices", params={**params, "offset": offset})
+            )
+            prices.extend(page["items"])
+            offset = page["next_offset"]
+        return prices
 
     def submit_job(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Job:
         """Submit a job; with ``idempotency_key``, a retry of the same spec is the same job."""

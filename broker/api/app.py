@@ -14,6 +14,7 @@ from broker.api.routes import (
     health,
     jobs,
     metrics,
+    prices,
     quotes,
     teams,
     workdirs,
@@ -29,7 +30,7 @@ def create_app() -> FastAPI:
         version="1",
         description="Deadline- and budget-aware GPU job broker (see API.md).",
     )
-    for module in (teams, jobs, quotes, budget, attempts, agent, workdirs, health, metrics):
+    for module in (teams, jobs, quotes, prices, budget, attempts, agent, workdirs, health, metrics):
         app.include_router(module.router)
     app.include_router(ui.router)
     app.mount(f"{ui.BASE}/static", ui.static, name="ui-static")

@@ -11,6 +11,7 @@ from broker.api.schemas import (
     JobOut,
     JobSummary,
     PlanOut,
+    PriceOut,
     ProgressOut,
     SpendOut,
     SpendRow,
@@ -21,6 +22,7 @@ from broker.core.planner import Plan
 from broker.db.models import Attempt, Checkpoint, Job, Team
 from broker.services.job_views import JobView
 from broker.services.ledger import BudgetFigures
+from broker.services.market_prices import PriceRow
 from broker.services.plans import ChosenPlan, job_plan
 
 
@@ -65,7 +67,24 @@ def plan_fields(plan: Plan | ChosenPlan) -> dict[str, Any]:
         "expected_cost": format_usd(plan.expected_cost_micros),
         "worst_case_cost": format_usd(plan.worst_case_cost_micros),
         "p_deadline": round(plan.p_deadline, 4),
+        "price_observed_at": plan.price_observed_at,
+        "price_source": plan.price_source,
     }
+
+
+def price_out(row: PriceRow) -> PriceOut:
+    return PriceOut(
+        provider=row.provider,
+        region=row.region,
+        zone=row.zone,
+        instance_type=row.instance_type,
+        gpu=row.gpu,
+        gpu_count=row.gpu_count,
+        market=row.market,
+        price_per_hour=format_usd(row.micros_per_hour),
+        observed_at=row.observed_at,
+        source=row.source,
+    )
 
 
 def plan_out(plan: ChosenPlan | None) -> PlanOut | None:

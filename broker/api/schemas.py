@@ -82,6 +82,27 @@ class PlanOut(BaseModel):
     expected_cost: str
     worst_case_cost: str
     p_deadline: float
+    price_observed_at: datetime | None = None  # None: the bundled snapshot's price
+    price_source: str = "bundled"
+
+
+class PriceOut(BaseModel):
+    provider: str
+    region: str
+    zone: str
+    instance_type: str
+    gpu: str
+    gpu_count: int
+    market: str
+    price_per_hour: str
+    observed_at: datetime | None  # None: the bundled snapshot's price
+    source: str
+
+
+class PricePage(BaseModel):
+    items: list[PriceOut]
+    total: int
+    next_offset: int | None
 
 
 class AttemptOut(BaseModel):

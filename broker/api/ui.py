@@ -24,6 +24,7 @@ from broker.core.job_status import is_terminal
 from broker.db.models import Team
 from broker.services import agent_channel, dashboard, job_logs
 from broker.services.plans import ChosenPlan, job_plan
+from broker.services.quoting import get_planning
 from broker.services.teams import Principal
 from providers.base import ProviderError
 from providers.storage import S3CheckpointStore
@@ -120,6 +121,9 @@ def overview(
     budgets = dashboard.budgets(session, teams, now)
     rows = dashboard.jobs(session, teams)
     series = dashboard.spend_series(session, teams, now)
+    planning = get_planning()
+    planning.sync(session)
+    prices = dashboard.price_chart(planning.offers)
     budget_view = [
         {
             "name": b.team.name,
@@ -164,6 +168,7 @@ def overview(
             "by_team": series.by_team,
             "by_provider": series.by_provider,
         },
+        "prices": [{"labels": p.places, "spot": p.spot, "on_demand": p.on_demand} for p in prices],
     }
     unfinished = any(not is_terminal(r.job.status) for r in rows)
     return _page(
@@ -172,6 +177,15 @@ def overview(
         viewer=_viewer(principal, teams),
         budgets=budget_view,
         jobs=jobs,
+        prices=[
+            {
+                "gpu": p.gpu,
+                "source": f"observed up to {_when(p.observed_at)} UTC"
+                if p.observed_at
+                else "bundled snapshot",
+            }
+            for p in prices
+        ],
         chart_data=chart_data,
         refresh=REFRESH_SECONDS if unfinished else None,
     )

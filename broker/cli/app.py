@@ -123,12 +123,14 @@ _register_simulate()
 def _register_client() -> None:
     from broker.cli.admin import admin_app
     from broker.cli.jobs import jobs_app
+    from broker.cli.prices import prices
     from broker.cli.quote import quote
     from broker.cli.spend import spend
 
     app.add_typer(admin_app, name="admin")
     app.add_typer(jobs_app, name="jobs")
     app.command("quote")(quote)
+    app.command("prices")(prices)
     app.command("spend")(spend)
 
 

@@ -1,4 +1,5 @@
-"""What the dashboard shows: budgets, spend over time, jobs and a job's history (read only).
+"""What the dashboard shows: budgets, spend over time, jobs, a job's history and the market
+prices per GPU type (read only).
 
 Every function takes the teams the viewer may see (one team for a team key, all for the
 admin token) and returns plain data the templates and charts render; money stays integer
@@ -14,6 +15,7 @@ from datetime import datetime
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
+from broker.core.offers import OfferTable
 from broker.db.models import Attempt, Checkpoint, Job, LedgerEntry, Team
 from broker.services.ledger import SPENT_KINDS, BudgetFigures, team_budget
 
@@ -55,6 +57,50 @@ class JobHistory:
     checkpoints: list[tuple[float, float]]  # (hours from creation, work done)
     spend_curve: list[tuple[float, int]]  # (hours from creation, cumulative micro-USD)
     spent_micros: int
+
+
+@dataclass(frozen=True)
+class GpuPrices:
+    """One GPU type's cheapest price per GPU-hour in each (provider, region), per market
+    (micro-USD; None where that market is not offered there)."""
+
+    gpu: str
+    places: list[str]  # "aws us-east-1"
+    spot: list[int | None]
+    on_demand: list[int | None]
+    observed_at: datetime | None  # the newest of these prices' observations (None: bundled)
+
+
+def price_chart(offers: OfferTable) -> list[GpuPrices]:
+    """Per GPU type, the cheapest spot and on-demand price per GPU-hour in each provider and
+    region of ``offers`` (the planning's current, overlaid table)."""
+    cheapest: dict[tuple[str, str, str], int] = {}  # (gpu, place, market) -> micros per GPU-h
+    places: dict[str, set[str]] = defaultdict(set)
+    newest: dict[str, datetime] = {}
+    for offer in offers.offers():
+        place = f"{offer.provider} {offer.region}"
+        places[offer.gpu].add(place)
+        count = max(offer.gpu_count, 1)
+        for market, price, at in (
+            ("spot", offer.spot_micros_per_hour, offer.spot_as_of),
+            ("on_demand", offer.on_demand_micros_per_hour, offer.on_demand_as_of),
+        ):
+            if price < 0:
+                continue
+            key = (offer.gpu, place, market)
+            cheapest[key] = min(cheapest.get(key, price // count), price // count)
+            if at is not None and (offer.gpu not in newest or at > newest[offer.gpu]):
+                newest[offer.gpu] = at
+    return [
+        GpuPrices(
+            gpu=gpu,
+            places=sorted(places[gpu]),
+            spot=[cheapest.get((gpu, p, "spot")) for p in sorted(places[gpu])],
+            on_demand=[cheapest.get((gpu, p, "on_demand")) for p in sorted(places[gpu])],
+            observed_at=newest.get(gpu),
+        )
+        for gpu in sorted(places)
+    ]
 
 
 def visible_teams(session: Session, team_id: str | None) -> list[Team]:

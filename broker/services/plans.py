@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any, Literal
 
+from broker.core.offers import BUNDLED
 from broker.core.planner import Plan
 from broker.db.models import Job
 
 
 @dataclass(frozen=True)
 class ChosenPlan:
-    """An offer on one market with its hourly price, expected time and cost, worst case
-    and odds of meeting the deadline."""
+    """An offer on one market with its hourly price (when it was observed and where it came
+    from; None: the bundled snapshot), expected time and cost, worst case and odds of
+    meeting the deadline."""
 
     provider: str
     region: str
@@ -32,6 +35,8 @@ class ChosenPlan:
     expected_cost_micros: int
     worst_case_cost_micros: int
     p_deadline: float
+    price_observed_at: datetime | None = None
+    price_source: str = BUNDLED
 
     @classmethod
     def from_plan(cls, plan: Plan) -> ChosenPlan:
@@ -49,15 +54,22 @@ class ChosenPlan:
             expected_cost_micros=int(plan.expected_cost_micros),
             worst_case_cost_micros=int(plan.worst_case_cost_micros),
             p_deadline=float(plan.p_deadline),
+            price_observed_at=plan.price_observed_at,
+            price_source=str(plan.price_source),
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The plan as the ``Job.plan`` column stores it (money as integers)."""
-        return asdict(self)
+        """The plan as the ``Job.plan`` column stores it (money as integers, time as ISO)."""
+        data = asdict(self)
+        at = self.price_observed_at
+        data["price_observed_at"] = at.isoformat() if at else None
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ChosenPlan:
-        """A plan from the ``Job.plan`` column (KeyError when a field is missing)."""
+        """A plan from the ``Job.plan`` column (KeyError when a field is missing; a plan
+        stored before prices carried their origin has the bundled snapshot's)."""
+        at = data.get("price_observed_at")
         return cls(
             provider=data["provider"],
             region=data["region"],
@@ -71,6 +83,8 @@ class ChosenPlan:
             expected_cost_micros=int(data["expected_cost_micros"]),
             worst_case_cost_micros=int(data["worst_case_cost_micros"]),
             p_deadline=float(data["p_deadline"]),
+            price_observed_at=datetime.fromisoformat(at) if at else None,
+            price_source=data.get("price_source") or BUNDLED,
         )
 
 

@@ -5,11 +5,16 @@ module feeds them the offers the broker may launch (``Planning``), the job's wor
 and budget, and the throughput corrections learnt from earlier attempts
 (``broker.services.calibration``). Steering (``broker.services.steering``), calibration and
 the price refresh (``broker.services.price_refresh``) work on the same ``Planning``.
+
+``Planning.offers`` is the bundled snapshot overlaid with the newest stored prices
+(``broker.services.market_prices``); ``Planning.sync`` keeps it current in every process.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -21,12 +26,14 @@ from sqlmodel import Session, select
 from broker.bundled import bundled_throughput_model
 from broker.core.errors import Infeasible, InvalidInput
 from broker.core.money import to_micros
-from broker.core.offers import OfferTable
+from broker.core.offers import OfferTable, overlay
 from broker.core.planner import PlanRequest, PlanSet, rank_plans, resource_mask
 from broker.core.throughput import ThroughputModel, Workload
 from broker.db.models import Job, Team, ThroughputCorrection
+from broker.services import spot_model
 from broker.services.job_spec import JobSpec, ReferenceWorkload
 from broker.services.ledger import job_reserved, job_spent, team_budget
+from broker.services.market_prices import PriceRow, latest, price_rows, version
 from broker.services.plans import ChosenPlan, Replan
 from broker.settings import Settings, get_settings
 from pricing.catalog import bundled_catalog
@@ -73,7 +80,12 @@ def plan_request(spec: JobSpec, now: datetime, total_work: float, top_n: int = 2
 
 
 class Planning:
-    """The offers the broker may launch and the throughput model, used by API and workers."""
+    """The offers the broker may launch and the throughput model, used by API and workers.
+
+    ``base`` is the bundled launchable table; ``offers`` is ``base`` overlaid with the stored
+    prices up to ``price_version`` (the highest price row id loaded). ``offers`` is swapped
+    for a new table, never changed in place, so a reader keeps a consistent table.
+    """
 
     def __init__(
         self,
@@ -83,16 +95,69 @@ class Planning:
         startup_hours: float = STARTUP_HOURS,
         settings: Settings | None = None,
     ) -> None:
+        self.base = offers
         self.offers = offers
+        self.price_version = 0
+        self.spot_version = -1  # the spot model's version behind offers.spot_risk; -1: none
         self.model = model
         self.startup_hours = startup_hours
         self.settings = settings
+        self._lock = threading.Lock()
+        self._checked_at = -math.inf  # time.monotonic() of the last version check
+
+    def sync(self, session: Session, *, force: bool = False) -> bool:
+        """Lay prices stored since the last sync over ``offers``, and the shared spot
+        model's preemption rates (``spot_model.risk``) once it was refit; whether they changed.
+
+        Reads the stored version at most once per ``price_check_seconds`` (wall, unless
+        ``force``), and loads only rows newer than ``price_version``. A version below ours
+        (the table was emptied) reloads every stored price over ``base``.
+        """
+        interval = (self.settings or get_settings()).price_check_seconds
+        if not force and interval > 0 and time.monotonic() - self._checked_at < interval:
+            return False
+        with self._lock:
+            checked = time.monotonic()
+            if not force and interval > 0 and checked - self._checked_at < interval:
+                return False  # another thread checked while this one waited
+            self._checked_at = checked
+            changed = rebuilt = False
+            stored = version(session)
+            if stored != self.price_version:
+                start, table = (
+                    (self.price_version, self.offers)
+                    if stored > self.price_version
+                    else (0, self.base)
+                )
+                observations, seen = latest(session, after_id=start)
+                self.offers = overlay(table, observations)
+                self.price_version, changed, rebuilt = seen, True, start == 0
+            fitted = spot_model.version(session)
+            if fitted != self.spot_version or rebuilt:
+                offers = self.offers
+                self.offers = offers.replace(spot_risk=spot_model.risk(session, offers))
+                self.spot_version, changed = fitted, True
+            return changed
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Planning:
         """The bundled catalog cut to the configured regions and zones."""
         offers = launchable(bundled_catalog(), settings.aws_regions, settings.gcp_zones)
         return cls(offers, bundled_throughput_model(), settings=settings)
+
+    def prices(
+        self,
+        session: Session,
+        *,
+        gpu: str | None = None,
+        provider: str | None = None,
+        region: str | None = None,
+        market: str | None = None,
+    ) -> list[PriceRow]:
+        """The current price of every launchable offer and market, filtered (see
+        ``market_prices.price_rows``), after a sync with the stored prices."""
+        self.sync(session)
+        return price_rows(self.offers, gpu=gpu, provider=provider, region=region, market=market)
 
     def _model(self, learnt: Mapping[tuple[str, str], float] | None) -> ThroughputModel:
         if not learnt:
@@ -102,17 +167,19 @@ class Planning:
             {k: v for k, v in learnt.items() if k[0].lower() in known}
         )
 
-    def _rates(self, spec: JobSpec, model: ThroughputModel, mask: np.ndarray) -> np.ndarray:
+    def _rates(
+        self, spec: JobSpec, model: ThroughputModel, offers: OfferTable, mask: np.ndarray
+    ) -> np.ndarray:
         workload = Workload.from_mapping(spec.workload.model_dump(exclude_none=True))
-        rates = np.zeros(len(self.offers))
+        rates = np.zeros(len(offers))
         if mask.any():
-            count = self.offers.gpu_count[mask]
+            count = offers.gpu_count[mask]
             rates[mask] = model.work_per_hour(
                 workload,
-                self.offers.gpu[mask],
+                offers.gpu[mask],
                 count,
-                self.offers.vcpus[mask] / count,
-                self.offers.ram_gb[mask] / count,
+                offers.vcpus[mask] / count,
+                offers.ram_gb[mask] / count,
             )
         return rates
 
@@ -139,15 +206,16 @@ class Planning:
             request = replace(request, max_cost_micros=budget_micros)
         if market is not None:
             request = replace(request, market=market)
-        mask = resource_mask(request, self.offers)
+        offers = self.offers  # one table for the whole quote, even if a sync swaps it
+        mask = resource_mask(request, offers)
         excluded = list(exclude_zones)
         if excluded:
-            mask &= ~np.isin(self.offers.zone, excluded)
+            mask &= ~np.isin(offers.zone, excluded)
         try:
-            rates = self._rates(spec, self._model(learnt), mask)
+            rates = self._rates(spec, self._model(learnt), offers, mask)
         except ValueError as error:
             raise InvalidInput(str(error), "workload") from None
-        return rank_plans(request, self.offers, rates, self.startup_hours)
+        return rank_plans(request, offers, rates, self.startup_hours)
 
     def plans_for_job(
         self,
@@ -164,6 +232,7 @@ class Planning:
         its reservation plus what its team has free. Zones in ``exclude_zones`` (recent
         capacity errors, preemptions) are left out unless nothing else fits.
         """
+        self.sync(session)
         spec = JobSpec.model_validate(job.spec)
         spent = job_spent(session, job.id)
         team = session.get(Team, job.team_id)
@@ -246,6 +315,8 @@ def quote_job(spec: JobSpec, now: datetime, session: Session | None = None) -> P
         raise InvalidInput(f"deadline {spec.deadline.isoformat()} is in the past", "deadline")
     planning = get_planning()
     check_size(planning, spec)
+    if session is not None:
+        planning.sync(session)
     learnt = corrections(session) if session is not None else None
     plans = planning.quote(spec, now, learnt=learnt)
     if not plans.plans:

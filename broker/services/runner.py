@@ -140,6 +140,7 @@ class Runner:
                 )
                 return None
             excluded = refused_zones(session, now, job_id)
+            self.planning.sync(session)
             market = market or market_now(self.planning, session, job, now, self.tick_hours)
             replan = self.planning.plans_for_job(
                 session, job, now, market=market, exclude_zones=excluded
@@ -392,6 +393,7 @@ class Runner:
     def _steer(self, session: Session, job: Job, attempt: Attempt, now: datetime) -> None:
         """Carry out what ``steering.steer`` decides for a running attempt: keep it, or end it
         and launch the job on the other market."""
+        self.planning.sync(session)
         decision = steer(self.planning, session, job, attempt, now, self.tick_hours)
         if decision == "continue":
             return

@@ -116,6 +116,15 @@ def _quote(client, a, b, b_headers, admin):  # type: ignore[no-untyped-def]
     assert client.get("/v1/budget", headers=b_headers).json()["reserved"] == "0.00"
 
 
+def _prices(client, a, b, b_headers, admin):  # type: ignore[no-untyped-def]
+    # Market prices are the same for every team; listing them touches no team's budget.
+    _b_job(client, b_headers)
+    reserved = client.get("/v1/budget", headers=b_headers).json()["reserved"]
+    assert client.get("/v1/prices", headers=a).status_code == 200
+    assert client.get("/v1/budget", headers=b_headers).json()["reserved"] == reserved
+    assert client.get("/v1/budget", headers=a).json()["reserved"] == "0.00"
+
+
 def _progress(client, a, b, b_headers, admin):  # type: ignore[no-untyped-def]
     # An attempt token of team B's job is the only thing that can report its progress.
     response = client.post("/v1/attempts/att_x/progress", json={"work_done": 1}, headers=a)
@@ -141,6 +150,7 @@ ISOLATION: dict[tuple[str, str], Case] = {
     ("GET", "/v1/budget"): _budget,
     ("GET", "/v1/spend"): _spend,
     ("POST", "/v1/quotes"): _quote,
+    ("GET", "/v1/prices"): _prices,
     ("GET", "/v1/jobs/{job_id}/logs"): _logs,
     ("POST", "/v1/workdirs"): _workdirs,
     ("POST", "/v1/attempts/{attempt_id}/progress"): _progress,

@@ -34,6 +34,21 @@
     },
     "spend-team": (canvas) => lines(canvas, data.spend.labels, data.spend.by_team),
     "spend-provider": (canvas) => lines(canvas, data.spend.labels, data.spend.by_provider),
+    "prices": (canvas) => {
+      const p = data.prices[Number(canvas.dataset.key)];
+      const dollars = (values) => values.map((v) => (v === null ? null : usd(v)));
+      new Chart(canvas, {
+        type: "bar",
+        data: {
+          labels: p.labels,
+          datasets: [
+            { label: "spot", data: dollars(p.spot), backgroundColor: "#3366cc" },
+            { label: "on-demand", data: dollars(p.on_demand), backgroundColor: "#dc7633" },
+          ],
+        },
+        options: { scales: { y: { beginAtZero: true, title: { display: true, text: "USD per GPU-hour" } } } },
+      });
+    },
     "timeline": (canvas) => {
       const rows = data.segments;
       new Chart(canvas, {
