@@ -25,6 +25,7 @@ then expected hours, then offer row.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -33,6 +34,7 @@ import numpy as np
 
 from broker.core.money import format_usd, usd_text
 from broker.core.offers import BUNDLED, OfferTable
+from broker.core.reservation import reservation
 from broker.core.why_not import gpu_mask, no_match_message
 
 Market = Literal["auto", "spot", "on_demand"]
@@ -60,6 +62,7 @@ class PlanRequest:
     checkpoint_seconds_per_gb: float = 10.0
     min_spot_success: float = 0.9
     top_n: int = 20
+    tick_hours: float = 0.0  # the control loop's interval: the budget net looks a tick ahead
 
 
 @dataclass(frozen=True)
@@ -166,8 +169,12 @@ def _spot(
     p_spot: np.ndarray,
     p_od: np.ndarray,
     risk: np.ndarray,
+    bound: float = math.inf,
 ) -> _Candidates:
-    """Spot (market "spot") or spot-then-on-demand (market "auto"), one window per offer."""
+    """Spot (market "spot") or spot-then-on-demand (market "auto"), one window per offer.
+
+    ``bound``: what an ``auto`` job can spend at most whatever the window
+    (``broker.core.reservation``: the budget net keeps it there), capping its worst case."""
     cdf, moment = _poisson_tables(risk * hours)
     window = hours[:, None] + SPOT_WINDOWS[None, :] * lost[:, None]
     on_spot = cdf * hours[:, None] + moment * lost[:, None] + (1.0 - cdf) * window
@@ -179,7 +186,9 @@ def _spot(
     else:
         fallback = (1.0 - cdf) * hours[:, None]
         cost = p_spot[:, None] * on_spot + p_od[:, None] * fallback
-        worst = _ceil_micros(p_spot[:, None] * window + p_od[:, None] * hours[:, None])
+        loose = _ceil_micros(p_spot[:, None] * window + p_od[:, None] * hours[:, None])
+        worst = np.minimum(loose, bound) if math.isfinite(bound) else loose
+        cost = np.minimum(cost, worst)  # the net caps every outcome, so their mean too
         expected_hours = on_spot + fallback
         on_time = window + hours[:, None] <= request.deadline_hours
     fits = on_time & (worst <= request.max_cost_micros)
@@ -233,6 +242,26 @@ def _plan(offers: OfferTable, c: _Candidates, i: int, fallback: bool) -> Plan:
     )
 
 
+def _auto_bound(request: PlanRequest, od: _Candidates) -> float:
+    """The most an ``auto`` job may spend on any plan (``broker.core.reservation``), priced
+    on the cheapest on-time on-demand plan it would fall back to; inf when none is on time."""
+    if not od.feasible.any():
+        return math.inf
+    k = int(np.argmin(np.where(od.feasible, od.cost, np.iinfo(np.int64).max)))
+    hours = float(od.hours[k])
+    price = float(od.cost[k]) / hours if hours > 0 else 0.0
+    bound = reservation(
+        "auto",
+        on_demand_price=price,
+        work_hours=hours,
+        restart_hours=0.0,  # od.hours includes the start-up
+        tick_hours=request.tick_hours,
+        max_cost=math.inf,
+        on_demand_only=float(od.cost[k]),
+    )
+    return float(math.ceil(bound))
+
+
 def _ranked(groups: list[_Candidates], keep: list[np.ndarray], n: int) -> list[tuple[int, int]]:
     """(group, position) of the best ``n`` kept candidates: cost, hours, offer, market."""
     g = np.concatenate([np.full(int(m.sum()), j) for j, m in enumerate(keep)])
@@ -263,7 +292,10 @@ def rank_plans(
     groups, keep = [od], [od.feasible & (od.worst <= max_cost) & (request.market != "spot")]
     if request.market != "on_demand":
         s = (p_spot >= 0) & (o if request.market == "auto" else True)
-        sp = _spot(request, idx[s], hours[s], lost[s], p_spot[s], p_od[s], offers.spot_risk[idx[s]])
+        bound = _auto_bound(request, od) if request.market == "auto" else math.inf
+        sp = _spot(
+            request, idx[s], hours[s], lost[s], p_spot[s], p_od[s], offers.spot_risk[idx[s]], bound
+        )
         groups.append(sp)
         keep.append(sp.feasible & (sp.worst <= max_cost))
     fallback = request.market == "auto"

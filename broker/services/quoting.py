@@ -23,6 +23,7 @@ from functools import lru_cache
 import numpy as np
 from sqlmodel import Session, select
 
+from broker import clock
 from broker.bundled import bundled_throughput_model
 from broker.core.errors import Infeasible, InvalidInput
 from broker.core.money import to_micros
@@ -200,6 +201,8 @@ class Planning:
             request = plan_request(spec, now, spec.total_work, top_n)
         except ValueError as error:
             raise InvalidInput(str(error), "workload") from None
+        settings = self.settings or get_settings()
+        request = replace(request, tick_hours=settings.tick_seconds * clock.scale() / 3600)
         if work_left is not None:
             request = replace(request, total_work=max(work_left, 1e-9))
         if budget_micros is not None:
