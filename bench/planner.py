@@ -114,8 +114,11 @@ def _matches(r: PlanRequest, o: Offer) -> bool:
     )
 
 
-def _spot_choice(r: PlanRequest, o: Offer, hours: float, lost: float) -> tuple | None:
-    """(cost, hours, worst, p, window) of the chosen window, or None if none fits."""
+def _spot_choice(
+    r: PlanRequest, o: Offer, hours: float, lost: float, bound: float = math.inf
+) -> tuple | None:
+    """(cost, hours, worst, p, window) of the chosen window, or None if none fits; an auto
+    plan's worst case and cost are capped by ``bound`` (its policy's budget net)."""
     mu, p_s, p_od = (
         o.spot_risk * hours,
         float(o.spot_micros_per_hour),
@@ -140,7 +143,8 @@ def _spot_choice(r: PlanRequest, o: Offer, hours: float, lost: float) -> tuple |
         else:
             fallback = (1.0 - p) * hours
             cost, spent = p_s * on_spot + p_od * fallback, on_spot + fallback
-            worst = math.ceil(p_s * window + p_od * hours)
+            worst = min(math.ceil(p_s * window + p_od * hours), bound)
+            cost = min(cost, worst)
             ok, p = window + hours <= r.deadline_hours, 1.0
         key = (math.ceil(cost), worst)
         if ok and worst <= r.max_cost_micros and (best is None or key < best[0]):
@@ -155,6 +159,20 @@ def reference_rank(r: PlanRequest, offers: list[Offer], rates: list[float]) -> l
         r.checkpoint_size_gb * r.checkpoint_seconds_per_gb / 3600.0,
     )
     found = []
+    cheapest: tuple[int, float] | None = None  # (cost, hours) of the cheapest on-time od run
+    for i, o in enumerate(offers):
+        if not _matches(r, o) or rates[i] <= 0 or o.on_demand_micros_per_hour < 0:
+            continue
+        compute = r.total_work / rates[i]
+        hours = STARTUP + compute + compute / c * ckpt
+        cost = math.ceil(float(o.on_demand_micros_per_hour) * hours)
+        if hours <= r.deadline_hours and (cheapest is None or cost < cheapest[0]):
+            cheapest = (cost, hours)
+    bound = math.inf
+    if cheapest is not None:
+        od_cost, od_hours = cheapest
+        needed = od_cost / od_hours * (od_hours + r.tick_hours)
+        bound = math.ceil(max(needed, 1.5 * od_cost))
     for i, o in enumerate(offers):
         if not _matches(r, o) or rates[i] <= 0:
             continue
@@ -169,7 +187,7 @@ def reference_rank(r: PlanRequest, offers: list[Offer], rates: list[float]) -> l
             r.market == "spot" or o.on_demand_micros_per_hour >= 0
         )
         if r.market != "on_demand" and spot_ok:
-            best = _spot_choice(r, o, hours, lost)
+            best = _spot_choice(r, o, hours, lost, bound if r.market == "auto" else math.inf)
             if best is not None:
                 found.append((best[0][0], best[1], i, 1, best[2], best[3]))
     found.sort(key=lambda f: f[:4])
