@@ -161,3 +161,18 @@ def live_server(app):  # type: ignore[no-untyped-def]
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=10)
+
+
+@pytest.fixture
+def fresh_planning(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process-wide planning checks the stored prices on every call, and is rebuilt
+    afterwards so no other test plans on prices a test stored (price tests use it)."""
+    from broker.services import quoting
+    from broker.settings import get_settings
+
+    monkeypatch.setenv("BROKER_PRICE_CHECK_SECONDS", "0")
+    get_settings.cache_clear()
+    quoting.get_planning.cache_clear()
+    yield
+    get_settings.cache_clear()
+    quoting.get_planning.cache_clear()

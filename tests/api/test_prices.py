@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import asdict
 from decimal import Decimal
 
@@ -15,20 +14,9 @@ from broker.core.offers import PriceObservation
 from broker.db.engine import begin_write
 from broker.services import quoting
 from broker.services.market_prices import price_rows, store
-from broker.settings import get_settings
 from tests.helpers import job_spec, quote_spec
 
-
-@pytest.fixture(autouse=True)
-def fresh_planning(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The API's planning checks the stored prices on every request here, and is rebuilt
-    afterwards so no other test plans on prices stored here."""
-    monkeypatch.setenv("BROKER_PRICE_CHECK_SECONDS", "0")
-    get_settings.cache_clear()
-    quoting.get_planning.cache_clear()
-    yield
-    get_settings.cache_clear()
-    quoting.get_planning.cache_clear()
+pytestmark = pytest.mark.usefixtures("fresh_planning")
 
 
 def stored(engine, *observations: PriceObservation) -> None:  # type: ignore[no-untyped-def]

@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 from sqlmodel import Session
 
 from broker.core.offers import PriceObservation
 from broker.db.engine import begin_write
-from broker.services import quoting
 from broker.services.market_prices import store
-from broker.settings import get_settings
 from tests.cli.support import failed, ok, printed
 
-
-@pytest.fixture(autouse=True)
-def fresh_planning(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The API's planning checks the stored prices on every request, rebuilt afterwards."""
-    monkeypatch.setenv("BROKER_PRICE_CHECK_SECONDS", "0")
-    get_settings.cache_clear()
-    quoting.get_planning.cache_clear()
-    yield
-    get_settings.cache_clear()
-    quoting.get_planning.cache_clear()
+pytestmark = pytest.mark.usefixtures("fresh_planning")
 
 
 def test_prices_of_one_gpu_and_market_as_a_table_and_as_json(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -21,17 +20,7 @@ from broker.services.quoting import Planning
 from broker.settings import get_settings
 from tests.helpers import SPOT_PLAN, SPOT_PRICE, job_spec
 
-
-@pytest.fixture(autouse=True)
-def fresh_planning(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The process-wide planning checks the stored prices on every call here, and is rebuilt
-    afterwards so no other test plans on prices stored here."""
-    monkeypatch.setenv("BROKER_PRICE_CHECK_SECONDS", "0")
-    get_settings.cache_clear()
-    quoting.get_planning.cache_clear()
-    yield
-    get_settings.cache_clear()
-    quoting.get_planning.cache_clear()
+pytestmark = pytest.mark.usefixtures("fresh_planning")
 
 
 def planning(check_seconds: float = 0.0) -> Planning:
