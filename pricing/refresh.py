@@ -276,3 +276,25 @@ def refresh_gcp(
         logger.exception("unexpected failure of the GCP price refresh")
         return _failed("gcp", exc)
     return RefreshOutcome("gcp", observations)
+
+
+def probe_aws(session: Any, endpoint_url: str | None, region: str, instance_type: str) -> str:
+    """One Price List product and one page of spot price history, as a refresh asks for them
+    (raises what boto3 raises)."""
+    pricing = session.client("pricing", region_name=PRICE_LIST_REGION, endpoint_url=endpoint_url)
+    price = _price_list(pricing, instance_type, region)
+    ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url)
+    history = ec2.describe_spot_price_history(
+        InstanceTypes=[instance_type], ProductDescriptions=list(SPOT_PRODUCTS), MaxResults=5
+    )["SpotPriceHistory"]
+    listed = "no product" if price is None else f"${price / 1_000_000:.4f}/h on demand"
+    return f"{instance_type} in {region}: {listed}, {len(history)} spot price(s)"
+
+
+def probe_gcp(billing_endpoint_url: str | None, credentials: Any = None) -> str:
+    """The first page of Compute Engine's SKUs from the Cloud Billing Catalog API."""
+    from google.cloud import billing_v1
+
+    catalog = billing_v1.CloudCatalogClient(**_client_kwargs(billing_endpoint_url, credentials))
+    page = next(iter(catalog.list_skus(request={"parent": COMPUTE_SERVICE, "page_size": 50}).pages))
+    return f"Compute Engine SKUs answer ({len(page.skus)} on the first page)"

@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 
 from broker.db.engine import make_engine
 from broker.db.migrate import alembic_config
+from broker.services.price_refresh import boto_session
 from broker.services.quoting import launchable
 from broker.settings import Settings
 from pricing.catalog import bundled_catalog
@@ -46,13 +47,15 @@ class Check:
 
 
 def run_checks(settings: Settings, *, timeout: float = 5.0) -> list[Check]:
-    """Database, task queue, AWS (credentials, images, instance profile, bucket) and GCP."""
+    """Database, task queue, AWS (credentials, images, instance profile, bucket), GCP and
+    the clouds' pricing APIs."""
     retry = RetryPolicy(attempts=2, initial_wait=0.2, max_wait=1.0, total_seconds=2 * timeout)
     return [
         *database_checks(settings),
         celery_check(settings, timeout),
         *aws_checks(settings, retry, timeout),
         *gcp_checks(settings, retry, timeout),
+        *pricing_checks(settings),
     ]
 
 
@@ -267,6 +270,37 @@ def gcp_checks(settings: Settings, retry: RetryPolicy, timeout: float) -> list[C
         for arch in arches
     ]
     return [reached, account, *images]
+
+
+def pricing_checks(settings: Settings) -> list[Check]:
+    """The clouds' pricing APIs the price refresh asks: AWS Price List and spot price history,
+    GCP Cloud Billing Catalog (the broker plans on the bundled prices without them)."""
+    from pricing.refresh import probe_aws, probe_gcp
+
+    offers = launchable(bundled_catalog(), settings.aws_regions, [])
+    checks = []
+    if len(offers.instance_type):
+        region, instance_type = str(offers.region[0]), str(offers.instance_type[0])
+        session = boto_session(settings)
+        checks.append(
+            _attempt(
+                "AWS pricing APIs",
+                "the credentials need pricing:GetProducts and ec2:DescribeSpotPriceHistory "
+                "(until then the broker plans on its bundled AWS prices)",
+                lambda: probe_aws(session, settings.aws_endpoint_url, region, instance_type),
+            )
+        )
+    if settings.gcp_zones:
+        checks.append(
+            _attempt(
+                "GCP Cloud Billing",
+                "enable the Cloud Billing API (cloudbilling.googleapis.com) for the credentials' "
+                "project, or set BROKER_GCP_BILLING_ENDPOINT_URL (until then the broker plans "
+                "on its bundled GCP prices)",
+                lambda: probe_gcp(settings.gcp_billing_endpoint_url),
+            )
+        )
+    return checks
 
 
 def _zones_found(gcp: GcpProvider, wanted: list[str]) -> str:

@@ -50,7 +50,7 @@ def refresh(planning: Planning, engine: Engine, now: datetime) -> dict[str, Any]
         "aws": lambda: refresh_aws(
             table,
             now,
-            session=_boto_session(settings),
+            session=boto_session(settings),
             endpoint_url=settings.aws_endpoint_url,
             regions=settings.aws_regions,
         ),
@@ -89,7 +89,8 @@ def refresh(planning: Planning, engine: Engine, now: datetime) -> dict[str, Any]
     return results
 
 
-def _boto_session(settings: Settings) -> Any:
+def boto_session(settings: Settings) -> Any:
+    """A boto3 session with the broker's AWS credentials (the default chain when unset)."""
     import boto3
 
     secret = settings.aws_secret_access_key

@@ -92,6 +92,8 @@ def test_everything_passes_on_the_local_clouds(env: dict[str, str]) -> None:
     assert arm64.detail.split()[0] != x86_64.detail.split()[0]
     assert checks["AWS instance profile"].detail.endswith(f"instance-profile/{PROFILE}")
     assert "put and delete work" in checks["checkpoint bucket"].detail
+    assert "on demand" in checks["AWS pricing APIs"].detail
+    assert "Compute Engine SKUs answer" in checks["GCP Cloud Billing"].detail
     output = ok(doctor())
     assert "AWS image us-east-1 arm64" in output and "fail" not in output
 
@@ -135,3 +137,12 @@ def test_schema_profile_images_and_gcp_failures_each_name_their_fix(
     image = checks["AWS image us-east-1 arm64"]
     assert image.failed and "us-east-1/arm64" in image.fix
     assert checks["GCP API"].failed and "BROKER_GCP_PROJECT" in checks["GCP API"].fix
+
+
+def test_a_dead_billing_endpoint_fails_and_says_the_bundled_prices_stay(
+    env: dict[str, str],
+) -> None:
+    settings = Settings().model_copy(update={"gcp_billing_endpoint_url": "http://127.0.0.1:9"})
+    billing = _by_name(run_checks(settings))["GCP Cloud Billing"]
+    assert billing.failed
+    assert "BROKER_GCP_BILLING_ENDPOINT_URL" in billing.fix and "bundled GCP prices" in billing.fix
