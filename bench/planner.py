@@ -28,8 +28,7 @@ from broker.services.quoting import Planning, plan_request
 from pricing.aws_catalog import load_aws_csv
 from pricing.catalog import bundled_catalog
 from pricing.gcp_catalog import load_gcp_offers
-from pricing.spot_risk import estimate
-from pricing.traces import bundled_traces
+from pricing.spot_prior import prior_rates
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 STARTUP = 0.1
@@ -42,16 +41,15 @@ def catalog_load_ms() -> dict[str, float]:
     t1 = time.perf_counter()
     gcp = load_gcp_offers()
     t2 = time.perf_counter()
-    model = estimate(bundled_traces())
-    t3 = time.perf_counter()
     table = OfferTable.concat(aws, gcp)
-    table.replace(spot_risk=model.rates_for(table.region, table.gpu))
+    t3 = time.perf_counter()
+    table.replace(spot_risk=prior_rates(table))
     t4 = time.perf_counter()
     return {
         "aws_ms": (t1 - t0) * 1e3,
         "gcp_ms": (t2 - t1) * 1e3,
-        "spot_risk_ms": (t3 - t2) * 1e3,
-        "join_ms": (t4 - t3) * 1e3,
+        "join_ms": (t3 - t2) * 1e3,
+        "spot_risk_ms": (t4 - t3) * 1e3,
         "total_ms": (t4 - t0) * 1e3,
     }
 

@@ -2,15 +2,9 @@
 refitted from the bundled traces (the prior) and the broker's own spot attempts; the planner's
 preemption rates (``risk``) and the policy's availability history (``history``) read it.
 
-Prior: the traces of the model's zone and family where there are some, else the fleet (every
-trace pooled, fewer runs: ``FLEET_PRIOR_RUNS``); a key with no row yet reads its prior alone.
-The traces were taken on p3 (V100) and p2 (K80) instances (``TRACE_FAMILIES``). They name
-AWS zones (us-east-1a); the catalog and the attempts use zone ids (use1-az6). Zone names map
-to ids per account on real AWS and the traces do not say theirs, so the rule is the local
-cloud's: ``TRACE_ZONE_IDS`` is moto's fixed table, under which the market replay
-(``providers.local.market``) drives the zone id a trace is matched to by that same trace. On
-a real account the zone-level match is a guess within the right region, which the broker's
-observations correct.
+The prior (the bundled traces' runs per key, or the fleet's) is ``pricing.spot_prior``'s; the
+bundled catalog's offline rates are that prior's too, so a quote reads the same rates with or
+without a database until the broker has observations of its own.
 
 Observations, read from the attempts of the last ``policy.HISTORY_DAYS`` as the steering
 reads them: a spot attempt's running time is an available window, a preemption ends it, a
@@ -21,9 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
 
 import numpy as np
 from sqlalchemy import func
@@ -33,86 +25,22 @@ from sqlmodel import Session, col, select
 from broker.core import spot_model as core
 from broker.core.offers import OfferTable
 from broker.core.policy import HISTORY_DAYS, AvailabilityHistory, ZoneHistory
-from broker.core.spot_chain import run_lengths
 from broker.db.engine import begin_write
 from broker.db.models import Attempt, SpotModelRow
-from pricing.traces import bundled_traces
+from pricing.spot_prior import (
+    DIGITS,
+    Key,
+    Prior,
+    offer_keys,
+    prior_for,
+    prior_rate,
+    rounded,
+    split_key,
+)
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, str, str]  # (provider, zone, family)
-FLEET = "fleet"
 REFUSED_OUTAGE_HOURS = 0.1  # a capacity refusal, as ``steering.spot_history`` reads it
-DIGITS = 4  # run lengths are kept to 0.36 s
-TRACE_FAMILIES = {"V100": "p3", "K80": "p2"}  # the instances the traces' GPUs ran on
-# The zone ids of the zones the traces name, as the local cloud (moto) maps them.
-TRACE_ZONE_IDS = {
-    "us-east-1a": "use1-az6",
-    "us-east-1c": "use1-az2",
-    "us-east-1d": "use1-az4",
-    "us-east-1f": "use1-az5",
-    "us-east-2b": "use2-az2",
-    "us-west-2a": "usw2-az2",
-    "us-west-2b": "usw2-az1",
-    "us-west-2c": "usw2-az3",
-}
-
-
-@dataclass(frozen=True)
-class Prior:
-    """The runs a model starts from, and the traces they came from."""
-
-    source: str  # FLEET or the trace names, comma-separated
-    up: tuple[float, ...]
-    down: tuple[float, ...]
-
-
-def _rounded(runs: Iterable[float]) -> tuple[float, ...]:
-    return tuple(round(float(r), DIGITS) for r in runs)
-
-
-def _prior(names: list[str], ups: list[np.ndarray], downs: list[np.ndarray], n: int) -> Prior:
-    return Prior(
-        ",".join(names),
-        _rounded(core.prior_sample(np.concatenate(ups), n)),
-        _rounded(core.prior_sample(np.concatenate(downs), n)),
-    )
-
-
-@cache
-def zone_priors() -> dict[Key, Prior]:
-    """The prior of each (provider, zone id, family) a bundled trace covers (its traces
-    pooled)."""
-    pooled: dict[Key, tuple[list[str], list[np.ndarray], list[np.ndarray]]] = {}
-    for trace in bundled_traces():
-        zone, name = TRACE_ZONE_IDS.get(trace.zone), TRACE_FAMILIES.get(trace.gpu.upper())
-        if zone is None or name is None:
-            continue
-        up, down = run_lengths(trace.available, trace.gap_seconds / 3600.0)
-        names, ups, downs = pooled.setdefault(("aws", zone, name), ([], [], []))
-        names.append(trace.name)
-        ups.append(up)
-        downs.append(down)
-    return {key: _prior(*runs, core.PRIOR_RUNS) for key, runs in pooled.items()}
-
-
-@cache
-def fleet_prior() -> Prior:
-    """Every bundled trace pooled, down-weighted: the prior of a zone with no trace."""
-    runs = [run_lengths(t.available, t.gap_seconds / 3600.0) for t in bundled_traces()]
-    prior = _prior([], [u for u, _ in runs], [d for _, d in runs], core.FLEET_PRIOR_RUNS)
-    return Prior(FLEET, prior.up, prior.down)
-
-
-def prior_for(key: Key) -> Prior:
-    """The prior of one (provider, zone, family)."""
-    return zone_priors().get(key) or fleet_prior()
-
-
-@cache
-def prior_stats(prior: Prior) -> core.SpotStats:
-    """Rates of a prior alone (a key before its first refit)."""
-    return core.spot_stats(core.zone_history(prior.up, prior.down))
 
 
 def observed(
@@ -157,8 +85,8 @@ def _offer_keys(offers: OfferTable) -> list[Key]:
 def _fit(prior: Prior, seen: ZoneHistory, count: int) -> tuple[ZoneHistory, dict[str, object]]:
     """The model of a key, and its row's fitted-on fields (not yet its rates)."""
     observed_runs = ZoneHistory(
-        up_runs=_rounded(seen.up_runs),
-        down_runs=_rounded(seen.down_runs),
+        up_runs=rounded(seen.up_runs),
+        down_runs=rounded(seen.down_runs),
         last_available=seen.last_available,
         age_hours=round(seen.age_hours, DIGITS),
     )
@@ -253,24 +181,10 @@ def risk(session: Session, offers: OfferTable) -> np.ndarray:
     rates = {(p, z, f): rate for p, z, f, rate in rows}
     if len(offers) == 0:
         return np.zeros(0)
-    keys = np.char.add(
-        np.char.add(np.char.add(offers.provider, "\x1f"), offers.zone),
-        np.char.add("\x1f", core.families(offers)),
-    )
-    unique, inverse = np.unique(keys, return_inverse=True)
-    values = np.array([_rate(rates, _key(str(k))) for k in unique])
+    unique, inverse = np.unique(offer_keys(offers), return_inverse=True)
+    keys = [split_key(str(k)) for k in unique]
+    values = np.array([rates[k] if k in rates else prior_rate(k) for k in keys])
     return values[inverse.reshape(-1)]
-
-
-def _rate(rates: dict[Key, float], key: Key) -> float:
-    if key in rates:
-        return rates[key]
-    return prior_stats(prior_for(key)).preemptions_per_hour
-
-
-def _key(joined: str) -> Key:
-    provider, zone, name = joined.split("\x1f")
-    return provider, zone, name
 
 
 def version(session: Session) -> int:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from broker.core.offers import NO_PRICE, Offer, OfferTable
+from pricing import spot_prior
 from pricing.aws_catalog import AWS_CSV, load_aws_csv
 from pricing.catalog import bundled_catalog
 from pricing.gcp_catalog import GCP_CSV, N1_GPUS, load_gcp_offers
-from pricing.spot_risk import bundled_risk_model
 
 SOURCE_HEADER = (
     "InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,"
@@ -103,12 +103,16 @@ def test_gcp_whole_gpu_machines_carry_their_gpu_count() -> None:
     assert (gcp.vcpus[n1] == 8 * gcp.gpu_count[n1]).all()
 
 
-def test_spot_risk_comes_from_the_traces_with_a_default_elsewhere() -> None:
-    table, model = bundled_catalog(), bundled_risk_model()
-    (p3,) = rows(table, instance_type="p3.2xlarge", zone="use1-az1")
-    assert p3.spot_risk == pytest.approx(model.rates["us-east-1", "V100"])
+def test_spot_risk_is_the_spot_models_prior_its_zones_trace_or_the_fleets() -> None:
+    table = bundled_catalog()
+    (traced,) = rows(table, instance_type="p3.2xlarge", zone="use1-az6")  # us-east-1a's trace
+    assert traced.spot_risk == pytest.approx(spot_prior.prior_rate(("aws", "use1-az6", "p3")))
+    assert "us-east-1a" in spot_prior.prior_for(("aws", "use1-az6", "p3")).source
+    fleet = spot_prior.prior_stats(spot_prior.fleet_prior()).preemptions_per_hour
+    (untraced,) = rows(table, instance_type="p3.2xlarge", zone="use1-az1")
     (a2,) = rows(table, instance_type="a2-highgpu-1g", zone="us-central1-a")
-    assert a2.spot_risk == pytest.approx(model.default_rate)
+    assert untraced.spot_risk == a2.spot_risk == pytest.approx(fleet)
+    assert traced.spot_risk < fleet  # us-east-1a holds spot long
 
 
 def test_table_round_trips_through_offers_and_concat() -> None:

@@ -19,6 +19,7 @@ from broker.core.offers import OfferTable
 from broker.db.models import Attempt, Job, SpotModelRow
 from broker.services import lifecycle
 from broker.services import spot_model as model
+from pricing import spot_prior as prior
 from pricing.catalog import bundled_catalog
 from tests.conftest import START
 from tests.helpers import SPOT_PLAN, SPOT_PRICE, chosen
@@ -49,7 +50,7 @@ def _index(offers: OfferTable, zone: str, instance_type: str) -> int:
 def test_trace_zones_are_the_local_clouds_zone_ids() -> None:
     moto = pytest.importorskip("moto.ec2.models.availability_zones_and_regions")
     zones = {z.name: z.zone_id for r in moto.RegionsAndZonesBackend.zones.values() for z in r}
-    assert all(zones[name] == zone_id for name, zone_id in model.TRACE_ZONE_IDS.items())
+    assert all(zones[name] == zone_id for name, zone_id in prior.TRACE_ZONE_IDS.items())
 
 
 def test_refit_from_the_traces_alone(session: Session, clock: Any, offers: OfferTable) -> None:
@@ -64,8 +65,8 @@ def test_refit_from_the_traces_alone(session: Session, clock: Any, offers: Offer
     pooled = _row(session, ("aws", "usw2-az2", "p3"))  # us-west-2a: three V100 traces
     assert len(pooled.prior.split(",")) == 3
     fleet = _row(session, ("aws", "use1-az6", "g5"))  # a GPU no trace covers
-    assert fleet.prior == model.FLEET and len(fleet.up_runs) == core.FLEET_PRIOR_RUNS
-    fleet_rate = model.prior_stats(model.fleet_prior()).preemptions_per_hour
+    assert fleet.prior == prior.FLEET and len(fleet.up_runs) == core.FLEET_PRIOR_RUNS
+    fleet_rate = prior.prior_stats(prior.fleet_prior()).preemptions_per_hour
     assert fleet.preemptions_per_hour == pytest.approx(fleet_rate)
     assert traced.preemptions_per_hour < fleet.preemptions_per_hour  # us-east-1a holds spot long
     assert traced.mean_window_hours == pytest.approx(1.0 / traced.preemptions_per_hour)
@@ -87,7 +88,7 @@ def test_planner_risk_is_the_rate_of_the_history_the_policy_gets(
         i = _index(offers, key[1], "p3.2xlarge" if key[2] == "p3" else "g5.xlarge")
         assert risk[i] == pytest.approx(core.spot_stats(seen).preemptions_per_hour, rel=1e-12)
     # an offer with no row (and a key asked of history with none) gets its prior's: the fleet's
-    fleet = model.prior_stats(model.fleet_prior())
+    fleet = prior.prior_stats(prior.fleet_prior())
     other = bundled_catalog().take(np.flatnonzero(bundled_catalog().region == "eu-west-1"))
     assert np.allclose(model.risk(session, other), fleet.preemptions_per_hour)
     unknown = model.history(session, [("aws", "euw1-az1", "p3")]).zones["euw1-az1"]
@@ -96,6 +97,7 @@ def test_planner_risk_is_the_rate_of_the_history_the_policy_gets(
 
 def test_before_any_refit_every_offer_reads_its_prior(session: Session, offers: OfferTable) -> None:
     before = model.risk(session, offers)
+    assert before.tolist() == offers.spot_risk.tolist()  # the bundled catalog's offline rates
     seen = model.history(session, [P3_TRACED]).zones["use1-az6"]
     assert len(seen.up_runs) == core.PRIOR_RUNS  # its trace's, not the fleet's
     model.refit(session, START, offers)
@@ -156,7 +158,7 @@ def test_preemptions_in_a_zone_raise_its_rate_and_reach_the_policy(
 
 def test_observations_push_the_prior_out_past_the_cap() -> None:
     observed = core.zone_history((0.5,) * (core.MAX_RUNS - 10), ())
-    fields = model._fit(model.fleet_prior(), observed, 490)[1]
+    fields = model._fit(prior.fleet_prior(), observed, 490)[1]
     assert len(fields["up_runs"]) == core.MAX_RUNS  # type: ignore[arg-type]
     assert fields["prior_runs"] == 10 + core.FLEET_PRIOR_RUNS
 
