@@ -141,6 +141,8 @@ class _JobFields(TypedDict):
     progress: Progress
     created_at: str
     finished_at: str | None
+    completed_at: str | None  # when the work was observed complete
+    deadline_met: bool | None  # None while unfinished
 
 
 class JobSummary(_JobFields):
@@ -157,6 +159,8 @@ class Job(_JobFields):
     spent: str
     reserved: str
     updated_at: str
+    on_demand_only_cost: str | None
+    saved_vs_on_demand: str | None  # on_demand_only_cost - spent, once finished
 
 
 class JobPage(TypedDict):

@@ -17,8 +17,10 @@ from broker.api.schemas import (
     SpendRow,
     TeamOut,
 )
+from broker.core.job_status import deadline_met
 from broker.core.money import format_usd
 from broker.core.planner import Plan
+from broker.core.spend import on_demand_saving
 from broker.db.models import Attempt, Checkpoint, Job, Team
 from broker.services.job_views import JobView
 from broker.services.ledger import BudgetFigures
@@ -146,11 +148,15 @@ def job_summary(job: Job) -> JobSummary:
         progress=progress_out(job),
         created_at=job.created_at,
         finished_at=job.finished_at,
+        completed_at=job.completed_at,
+        deadline_met=deadline_met(job.status, job.completed_at, job.deadline),
     )
 
 
 def job_out(view: JobView) -> JobOut:
     job = view.job
+    od = job.on_demand_only_micros
+    saved = on_demand_saving(job.status, od, view.spent)
     return JobOut(
         id=job.id,
         name=job.name,
@@ -168,4 +174,8 @@ def job_out(view: JobView) -> JobOut:
         created_at=job.created_at,
         updated_at=job.updated_at,
         finished_at=job.finished_at,
+        completed_at=job.completed_at,
+        deadline_met=deadline_met(job.status, job.completed_at, job.deadline),
+        on_demand_only_cost=None if od is None else format_usd(od),
+        saved_vs_on_demand=None if saved is None else format_usd(saved),
     )

@@ -158,6 +158,10 @@ class JobOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    completed_at: datetime | None
+    deadline_met: bool | None
+    on_demand_only_cost: str | None
+    saved_vs_on_demand: str | None
 
 
 class JobSummary(BaseModel):
@@ -171,6 +175,8 @@ class JobSummary(BaseModel):
     progress: ProgressOut
     created_at: datetime
     finished_at: datetime | None
+    completed_at: datetime | None
+    deadline_met: bool | None
 
 
 class JobPage(BaseModel):

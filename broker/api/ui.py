@@ -147,10 +147,11 @@ def overview(
                 "fraction": min(job.work_done / job.total_work, 1.0) if job.total_work else 0.0,
                 "plan": _plan_label(job_plan(job)),
                 "spent": format_usd(row.spent_micros),
-                "on_demand": format_usd(job.on_demand_cost_micros)
-                if job.on_demand_cost_micros is not None
+                "on_demand": format_usd(job.on_demand_only_micros)
+                if job.on_demand_only_micros is not None
                 else None,
                 "deadline": _when(job.deadline),
+                "deadline_met": row.deadline_met,
             }
         )
     chart_data = {
@@ -256,10 +257,13 @@ def job_page(
         "total_work": f"{job.total_work:,.2f}",
         "spent": format_usd(history.spent_micros),
         "max_cost": format_usd(job.max_cost_micros),
-        "on_demand": format_usd(job.on_demand_cost_micros)
-        if job.on_demand_cost_micros is not None
+        "on_demand": format_usd(job.on_demand_only_micros)
+        if job.on_demand_only_micros is not None
         else None,
         "deadline": _when(job.deadline),
+        "deadline_met": history.deadline_met,
+        "completed_at": _when(job.completed_at) if job.completed_at else None,
+        "saved": None if history.saved_micros is None else format_usd(history.saved_micros),
     }
     return _page(
         request,

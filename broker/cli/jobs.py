@@ -15,7 +15,19 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.cli.api import connect
-from broker.cli.output import console, duration, fail, fields, plan, row, table, usd, when
+from broker.cli.output import (
+    console,
+    duration,
+    fail,
+    fields,
+    met,
+    plan,
+    row,
+    saving,
+    table,
+    usd,
+    when,
+)
 from broker.cli.specfile import JOB_FILE, load_spec
 from broker.client import BrokerClient, Job, WorkdirTooLarge
 from broker.core.job_status import TERMINAL, JobStatus
@@ -90,7 +102,9 @@ def jobs_list(
     """The team's jobs, newest first (every page)."""
     with connect("team") as api:
         jobs = list(api.iter_jobs(status or None, page_size))
-    grid = table("id", "name", "status", "done", "plan", "max cost", "deadline", "created")
+    grid = table(
+        "id", "name", "status", "done", "plan", "max cost", "deadline", "deadline met", "created"
+    )
     for job in jobs:
         row(
             grid,
@@ -101,6 +115,7 @@ def jobs_list(
             plan(job["plan"]),
             usd(job["max_cost"]),
             when(job["deadline"]),
+            met(job.get("deadline_met")),
             when(job["created_at"]),
         )
     grid.caption = f"{len(jobs)} job(s)"
@@ -131,10 +146,13 @@ def jobs_show(job_id: str = typer.Argument(..., help="Job id.")) -> None:
                 f"({progress['fraction']:.1%}), checkpointed {progress['checkpointed_work']:,.0f}",
             ),
             ("spent", usd(job["spent"])),
+            ("on-demand", usd(job.get("on_demand_only_cost"))),
+            ("saved", saving(job.get("saved_vs_on_demand"), job.get("on_demand_only_cost"))),
             ("reserved", usd(job["reserved"])),
             ("max cost", usd(job["max_cost"])),
-            ("deadline", when(job["deadline"])),
+            ("deadline", when(job["deadline"]) + f" ({met(job.get('deadline_met'))})"),
             ("created", when(job["created_at"])),
+            ("completed", when(job.get("completed_at"))),
             ("finished", when(job["finished_at"])),
             (
                 "checkpoints",
@@ -234,7 +252,7 @@ class _Eta:
 
 
 def _watch_table(jobs: list[Job], etas: dict[str, _Eta], moment: float) -> Table:
-    grid = table("job", "name", "status", "progress", "work done", "spent", "ETA")
+    grid = table("job", "name", "status", "progress", "work done", "spent", "ETA", "deadline")
     for job in jobs:
         p = job["progress"]
         total = p["total_work"] or 1.0
@@ -249,6 +267,7 @@ def _watch_table(jobs: list[Job], etas: dict[str, _Eta], moment: float) -> Table
             f"{done:,.0f} / {total:,.0f}",
             usd(job["spent"]),
             eta,
+            met(job.get("deadline_met")),
         )
     return grid
 
@@ -284,4 +303,9 @@ def jobs_watch(
     counts: dict[str, int] = {}
     for job in jobs:
         counts[job["status"]] = counts.get(job["status"], 0) + 1
-    out.print(f"all {len(jobs)} finished: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    on_time = sum(1 for job in jobs if job.get("deadline_met"))
+    out.print(
+        f"all {len(jobs)} finished: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items())
+        + f"; deadline met by {on_time}"
+    )

@@ -38,6 +38,21 @@ def usd(value: str | None, places: int = 2) -> str:
     return f"${amount:,}"
 
 
+def met(value: bool | None) -> str:
+    """A job's ``deadline_met``: ``met``, ``missed``, or ``-`` while it runs."""
+    return "-" if value is None else ("met" if value else "missed")
+
+
+def saving(saved: str | None, against: str | None) -> str:
+    """What a job saved against its on-demand-only cost: ``$1.20 (12%)``, negative when it
+    cost more (``-`` while it runs)."""
+    if saved is None or not against:
+        return "-"
+    base = Decimal(against)
+    share = f" ({Decimal(saved) / base:.0%})" if base > 0 else ""
+    return usd(saved) + share
+
+
 def when(value: str | None) -> str:
     """An ISO time from the API as ``2026-12-05 12:00 UTC`` (``-`` for none)."""
     if not value:

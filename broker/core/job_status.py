@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 
 from broker.core.errors import IllegalTransition
@@ -57,3 +58,15 @@ def check_transition(current: str, target: str) -> JobStatus:
     if goal not in ALLOWED[source]:
         raise IllegalTransition(f"a job cannot go from {source.value} to {goal.value}")
     return goal
+
+
+def deadline_met(status: str, completed_at: datetime | None, deadline: datetime) -> bool | None:
+    """Whether a finished job's work was complete at or before its deadline, judged on when
+    the completion was observed (``Job.completed_at``); None while the job is unfinished.
+
+    The status says how the work ended (``succeeded``: complete, perhaps late;
+    ``deadline_missed``: the broker gave up with work left), this says whether it was on time.
+    """
+    if not is_terminal(status):
+        return None
+    return completed_at is not None and completed_at <= deadline

@@ -85,14 +85,21 @@ class Job(SQLModel, table=True):
     checkpointed_work: float = 0.0
     deadline: datetime = _ts()
     max_cost_micros: int = _micros()
-    # Expected cost of the cheapest on-time on-demand plan at admission: what spot saves against.
+    # Expected cost of the cheapest on-time on-demand plan at admission (the quote's figure,
+    # what the reservation is a multiple of).
     on_demand_cost_micros: int | None = _micros(nullable=True, default=None)
+    # What the job would spend run on that plan alone, booked as spend is, priced at admission
+    # (``broker.core.spend``): what spot saves against.
+    on_demand_only_micros: int | None = _micros(nullable=True, default=None)
     priority: int = 0
     idempotency_key: str | None = Field(default=None, max_length=200)
     request_hash: str | None = Field(default=None, max_length=64)
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
     finished_at: datetime | None = _ts(nullable=True)
+    # When the work was observed complete (broker clock): the first checkpoint holding all of
+    # it, or the program's exit 0; None while the work is not complete.
+    completed_at: datetime | None = _ts(nullable=True)
 
 
 class Attempt(SQLModel, table=True):

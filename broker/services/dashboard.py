@@ -15,7 +15,9 @@ from datetime import datetime
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
+from broker.core.job_status import deadline_met
 from broker.core.offers import OfferTable
+from broker.core.spend import on_demand_saving
 from broker.db.models import Attempt, Checkpoint, Job, LedgerEntry, Team
 from broker.services.ledger import SPENT_KINDS, BudgetFigures, team_budget
 
@@ -30,6 +32,11 @@ class TeamBudget:
 class JobRow:
     job: Job
     spent_micros: int
+
+    @property
+    def deadline_met(self) -> bool | None:
+        """The job's deadline outcome (``job_status.deadline_met``; None while it runs)."""
+        return deadline_met(self.job.status, self.job.completed_at, self.job.deadline)
 
 
 @dataclass
@@ -57,6 +64,16 @@ class JobHistory:
     checkpoints: list[tuple[float, float]]  # (hours from creation, work done)
     spend_curve: list[tuple[float, int]]  # (hours from creation, cumulative micro-USD)
     spent_micros: int
+
+    @property
+    def deadline_met(self) -> bool | None:
+        """The job's deadline outcome (``job_status.deadline_met``; None while it runs)."""
+        return deadline_met(self.job.status, self.job.completed_at, self.job.deadline)
+
+    @property
+    def saved_micros(self) -> int | None:
+        """What the finished job saved against its on-demand-only cost (None while it runs)."""
+        return on_demand_saving(self.job.status, self.job.on_demand_only_micros, self.spent_micros)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from broker.core.job_status import JobStatus, check_transition, is_terminal
 from broker.core.money import cost_micros
 from broker.db.engine import begin_write, is_postgres
 from broker.db.ids import new_id
-from broker.db.models import Attempt, Job
+from broker.db.models import Attempt, Checkpoint, Job
 from broker.faults import fault_point
 from broker.services.billing import bill, renew_lease, warn_on_alert
 from broker.services.ledger import job_reserved, job_spent, lock_team, release, reserve
@@ -104,10 +104,33 @@ def _move(job: Job, status: JobStatus, now: datetime, reason: str | None = None)
     job.updated_at = now
 
 
+def completion_time(session: Session, job: Job, now: datetime) -> datetime:
+    """When a job ending ``succeeded`` had its work observed complete: the first checkpoint
+    holding all of it (its report's time), else ``now``, when its caller saw it complete (the
+    program's exit 0 report)."""
+    if job.checkpointed_work >= job.total_work:
+        first = session.exec(
+            select(Checkpoint.created_at)
+            .where(Checkpoint.job_id == job.id, Checkpoint.work_done >= job.total_work)
+            .order_by(col(Checkpoint.created_at))
+        ).first()
+        return min(first, now) if first is not None else now
+    return now
+
+
 def _finish(
     session: Session, job: Job, status: JobStatus, now: datetime, reason: str
 ) -> list[ToTerminate]:
-    """End every live attempt, move to a terminal status, release what is still reserved."""
+    """End every live attempt, move to a terminal status, release what is still reserved.
+
+    The status says how the work ended: whatever stop the caller asks for (budget, deadline,
+    failure), a job whose work is complete ends ``succeeded`` (a cancel stays a cancel);
+    ``completed_at`` records when the completion was observed (``deadline_met``).
+    """
+    if work_complete(job) and status not in (JobStatus.SUCCEEDED, JobStatus.CANCELLED):
+        status, reason = JobStatus.SUCCEEDED, "work reached (checkpointed)"
+    if status is JobStatus.SUCCEEDED or work_complete(job):
+        job.completed_at = job.completed_at or completion_time(session, job, now)
     attempt_reason = "completed" if status is JobStatus.SUCCEEDED else "stopped"
     ended = [
         _end_attempt(session, job, a, attempt_reason, now) for a in live_attempts(session, job.id)

@@ -297,3 +297,40 @@ def test_a_submission_needs_a_run_block_but_a_quote_does_not(client, make_team):
     with_run = client.post("/v1/quotes", json=job_spec(max_restarts_on_errors=3), headers=headers)
     assert with_run.status_code == 200, with_run.text
     assert with_run.json() == without.json()  # the program changes no plan
+
+
+def test_job_view_shows_the_deadline_outcome_and_the_on_demand_only_cost(
+    client, make_team, db_engine, clock
+):
+    from datetime import datetime, timedelta
+
+    from sqlmodel import Session
+
+    from broker.db.models import Job
+    from broker.services import lifecycle
+    from broker.services.plans import job_plan
+    from tests.helpers import LEASE
+
+    _, headers = make_team(limit="1000.00")
+    quote = client.post("/v1/quotes", json=job_spec(), headers=headers).json()
+    job = client.post("/v1/jobs", json=job_spec(), headers=headers).json()
+    assert job["deadline_met"] is None and job["completed_at"] is None
+    assert job["saved_vs_on_demand"] is None
+    figure = Decimal(job["on_demand_only_cost"])
+    # the quote's figure with the planner's checkpoint writes left out
+    assert Decimal("0.9") * Decimal(quote["cheapest_on_demand"]["expected_cost"]) < figure
+    assert figure < Decimal(quote["cheapest_on_demand"]["expected_cost"])
+    with Session(db_engine, expire_on_commit=False) as session:
+        row = session.get(Job, job["id"])
+        begun = lifecycle.begin_attempt(session, row.id, job_plan(row), clock.now())
+        assert begun is not None
+        lifecycle.launch_succeeded(session, begun[0].id, "i-1", clock.now(), lease_seconds=LEASE)
+        late = row.deadline + timedelta(minutes=1)
+        clock.set(late)
+        lifecycle.program_exited(session, begun[0].id, 0, "", clock.now())
+    shown = client.get(f"/v1/jobs/{job['id']}", headers=headers).json()
+    assert shown["status"] == "succeeded" and shown["deadline_met"] is False
+    assert datetime.fromisoformat(shown["completed_at"]) == late
+    assert Decimal(shown["saved_vs_on_demand"]) == figure - Decimal(shown["spent"])
+    listed = client.get("/v1/jobs", headers=headers).json()["items"]
+    assert [(j["id"], j["deadline_met"]) for j in listed] == [(job["id"], False)]

@@ -7,6 +7,7 @@ import tarfile
 import threading
 import time
 from datetime import timedelta
+from decimal import Decimal
 
 import httpx
 import pytest
@@ -101,7 +102,14 @@ def test_show_and_watch_a_job_that_runs(
     watched = ok(broker_cli("jobs", "watch", "--interval", "0.1", token=token))  # no ids
     worker.join()
     assert job_id in watched and "succeeded" in watched and "40,000 / 40,000" in watched
-    assert "all 1 finished: 1 succeeded" in watched
+    assert "all 1 finished: 1 succeeded; deadline met by 1" in watched
+    shown = ok(broker_cli("jobs", "show", job_id, token=token))
+    figure = client.get(f"/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"}).json()
+    assert "(met)" in shown and figure["completed_at"] is not None
+    assert f"on-demand    ${Decimal(figure['on_demand_only_cost']):,.2f}" in shown
+    assert f"saved        ${Decimal(figure['saved_vs_on_demand']):,.2f} (" in shown
+    listed = ok(broker_cli("jobs", "list", token=token))
+    assert next(line for line in listed.splitlines() if job_id in line).count(" met ") == 1
 
 
 @pytest.mark.timeout(30)

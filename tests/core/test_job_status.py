@@ -35,3 +35,16 @@ def test_the_design_path_is_allowed():
     ]
     for source, target in zip(path, path[1:], strict=False):
         check_transition(source, target)
+
+
+def test_deadline_met_is_completion_at_or_before_the_deadline_once_finished():
+    from datetime import UTC, datetime, timedelta
+
+    from broker.core.job_status import deadline_met
+
+    deadline = datetime(2026, 12, 5, 12, tzinfo=UTC)
+    assert deadline_met("running", deadline, deadline) is None
+    assert deadline_met("succeeded", deadline, deadline) is True
+    assert deadline_met("succeeded", deadline + timedelta(seconds=1), deadline) is False
+    assert deadline_met("deadline_missed", None, deadline) is False
+    assert deadline_met("cancelled", None, deadline) is False
