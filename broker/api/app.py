@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.exc import SQLAlchemyError
 
 from broker.api import ui
 from broker.api.errors import install_error_handlers
@@ -20,7 +26,26 @@ from broker.api.routes import (
     workdirs,
 )
 from broker.api.ui_security import DashboardHeaders
+from broker.db.engine import open_session
+from broker.services import quoting
 from broker.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+
+def _warm_up() -> None:
+    try:
+        with open_session() as session:
+            quoting.warm_up(session)
+    except SQLAlchemyError as error:  # the database may come up later; requests will sync
+        log.warning("planning not warmed up: %s", error)
+
+
+@asynccontextmanager
+async def _serving(_app: FastAPI) -> AsyncIterator[None]:
+    """Startup: the planning built before the first request."""
+    await run_in_threadpool(_warm_up)
+    yield
 
 
 def create_app() -> FastAPI:
@@ -29,6 +54,7 @@ def create_app() -> FastAPI:
         title="GPU broker",
         version="1",
         description="Deadline- and budget-aware GPU job broker (see API.md).",
+        lifespan=_serving,
     )
     for module in (teams, jobs, quotes, prices, budget, attempts, agent, workdirs, health, metrics):
         app.include_router(module.router)

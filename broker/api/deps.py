@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, status
+from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
 
 from broker import clock
@@ -15,14 +16,25 @@ from broker.services.teams import Principal, authenticate
 from broker.settings import get_settings
 
 
-def get_session() -> Iterator[Session]:
-    """One session per request; services commit what they change."""
-    with open_session() as session:
+async def get_session() -> AsyncIterator[Session]:
+    """One session per request; services commit what they change.
+
+    Async so that opening and closing it cost no thread hop: a session connects on first use
+    (in the route's thread), and one whose work ended in a commit closes without I/O; only a
+    session still holding a transaction (an error path) is closed in the thread pool.
+    """
+    session = open_session()
+    try:
         yield session
+    finally:
+        if session.in_transaction():
+            await run_in_threadpool(session.close)
+        else:
+            session.close()
 
 
-def get_now() -> datetime:
-    """The broker's clock, read once per request."""
+async def get_now() -> datetime:
+    """The broker's clock, read once per request (no I/O: it runs on the event loop)."""
     return clock.now()
 
 
@@ -53,7 +65,7 @@ def get_principal(
     return principal
 
 
-def require_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+async def require_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
     """Admin routes: the admin token only (403 for a team key)."""
     if not principal.is_admin:
         raise HTTPException(
@@ -63,7 +75,7 @@ def require_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Pr
     return principal
 
 
-def require_team(principal: Annotated[Principal, Depends(get_principal)]) -> str:
+async def require_team(principal: Annotated[Principal, Depends(get_principal)]) -> str:
     """Team routes: a team key; returns the team id (403 for the admin token)."""
     if principal.team_id is None:
         raise HTTPException(

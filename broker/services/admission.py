@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy.exc import IntegrityError
@@ -17,6 +18,7 @@ from broker.core.planner import Plan
 from broker.db.ids import new_id
 from broker.db.models import Job
 from broker.services.job_spec import JobSpec
+from broker.services.job_views import on_demand_only
 from broker.services.ledger import lock_team, reserve
 from broker.services.plans import ChosenPlan
 from broker.services.quoting import get_planning, quote_job
@@ -63,28 +65,43 @@ def _existing(session: Session, team_id: str, key: str, digest: str) -> Job | No
     return job
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """A submission's outcome: the job, whether it was created (False: an earlier submission
+    with the same Idempotency-Key and body) and what was reserved for it (0 when not created)."""
+
+    job: Job
+    created: bool
+    reserved: int = 0
+
+
 def submit(
     session: Session, team_id: str, spec: JobSpec, now: datetime, idempotency_key: str | None = None
 ) -> tuple[Job, bool]:
+    """``admit``: the job and whether it was created."""
+    admitted = admit(session, team_id, spec, now, idempotency_key)
+    return admitted.job, admitted.created
+
+
+def admit(
+    session: Session, team_id: str, spec: JobSpec, now: datetime, idempotency_key: str | None = None
+) -> Admitted:
     """Admit a job on its best plan: reserve what its policy may spend (``reservation``)
     against the locked team budget and queue it.
 
-    Returns the job and whether it was created (False: an earlier submission with the same
-    Idempotency-Key and body). Raises BudgetExceeded, Conflict or InvalidInput.
+    The quote and the reservation are worked out before the team row is locked; the lock
+    covers only the idempotency re-check, the budget check and the inserts.
+    Raises BudgetExceeded, Conflict or InvalidInput.
     """
     digest = request_hash(spec)  # as submitted: a relative deadline hashes as its span text
     spec = spec.resolved(now)
     check_deadline(spec, now)
     check_run_workdir(spec, team_id)
-    plans = quote_job(spec, now, session)
+    plans = quote_job(spec, now, session, top_n=1)  # the best plan; cheapest_on_demand too
     best = plans.plans[0]
     on_demand = plans.cheapest_on_demand
     if idempotency_key and (job := _existing(session, team_id, idempotency_key, digest)):
-        return job, False
-    team = lock_team(session, team_id)
-    if idempotency_key and (job := _existing(session, team_id, idempotency_key, digest)):
-        session.rollback()
-        return job, False
+        return Admitted(job, False)
     job = Job(
         id=new_id("job"),
         team_id=team_id,
@@ -96,6 +113,7 @@ def submit(
         deadline=spec.deadline_at,
         max_cost_micros=to_micros(spec.max_cost),
         on_demand_cost_micros=on_demand.expected_cost_micros if on_demand else None,
+        on_demand_only_micros=on_demand_only(spec, on_demand, get_planning().startup_hours),
         plan=ChosenPlan.from_plan(best).to_json(),
         priority=spec.priority,
         idempotency_key=idempotency_key,
@@ -103,16 +121,21 @@ def submit(
         created_at=now,
         updated_at=now,
     )
+    amount = reservation(session, job, best, on_demand, now)
+    team = lock_team(session, team_id)
+    if idempotency_key and (existing := _existing(session, team_id, idempotency_key, digest)):
+        session.rollback()
+        return Admitted(existing, False)
     session.add(job)
     session.flush()
-    reserve(session, team, job, reservation(session, job, best, on_demand, now), now)
+    reserve(session, team, job, amount, now)
     try:
         session.commit()
     except IntegrityError:
         # A concurrent submission with the same Idempotency-Key won the race.
         session.rollback()
         if idempotency_key and (existing := _existing(session, team_id, idempotency_key, digest)):
-            return existing, False
+            return Admitted(existing, False)
         raise
     log.info("job queued", extra={"job_id": job.id, "team_id": team_id})
-    return job, True
+    return Admitted(job, True, amount)

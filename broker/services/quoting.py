@@ -41,6 +41,7 @@ from pricing.catalog import bundled_catalog
 
 STARTUP_HOURS = 0.1  # launch + boot + setup before a restore starts
 MIN_WORK_GPU_HOURS = 0.01  # the smallest job admitted: 36 s of one reference GPU
+RATE_CACHE_ENTRIES = 256  # throughput rates kept per offers table (workload shapes)
 
 
 def launchable(
@@ -53,10 +54,15 @@ def launchable(
     return offers.take(np.flatnonzero(mask))
 
 
+# Built once: read on every quote.
+_CORRECTIONS = select(
+    ThroughputCorrection.model, ThroughputCorrection.gpu, ThroughputCorrection.factor
+)
+
+
 def corrections(session: Session) -> dict[tuple[str, str], float]:
     """Learnt throughput corrections per (model, GPU type)."""
-    rows = session.exec(select(ThroughputCorrection)).all()
-    return {(row.model, row.gpu): row.factor for row in rows}
+    return {(model, gpu): factor for model, gpu, factor in session.execute(_CORRECTIONS)}
 
 
 def plan_request(spec: JobSpec, now: datetime, total_work: float, top_n: int = 20) -> PlanRequest:
@@ -105,6 +111,10 @@ class Planning:
         self.settings = settings
         self._lock = threading.Lock()
         self._checked_at = -math.inf  # time.monotonic() of the last version check
+        self._rate_cache: tuple[OfferTable | None, dict[tuple[object, ...], np.ndarray]] = (
+            None,
+            {},
+        )
 
     def sync(self, session: Session, *, force: bool = False) -> bool:
         """Lay prices stored since the last sync over ``offers``, and the shared spot
@@ -215,10 +225,39 @@ class Planning:
         if excluded:
             mask &= ~np.isin(offers.zone, excluded)
         try:
-            rates = self._rates(spec, self._model(learnt), offers, mask)
+            rates = self._cached_rates(spec, learnt, offers, mask)
         except ValueError as error:
             raise InvalidInput(str(error), "workload") from None
         return rank_plans(request, offers, rates, self.startup_hours)
+
+    def _cached_rates(
+        self,
+        spec: JobSpec,
+        learnt: Mapping[tuple[str, str], float] | None,
+        offers: OfferTable,
+        mask: np.ndarray,
+    ) -> np.ndarray:
+        """``_rates``, kept (read-only) per offers table, workload, corrections and mask: a
+        sync swaps the table, which starts a new cache."""
+        workload = spec.workload
+        key = (
+            type(workload).__name__,
+            workload.model_dump_json(exclude_none=True),
+            tuple(sorted(learnt.items())) if learnt else (),
+            mask.tobytes(),
+        )
+        table, cache = self._rate_cache
+        if table is not offers:
+            cache = {}
+            self._rate_cache = (offers, cache)
+        rates = cache.get(key)
+        if rates is None:
+            rates = self._rates(spec, self._model(learnt), offers, mask)
+            rates.flags.writeable = False
+            if len(cache) >= RATE_CACHE_ENTRIES:
+                cache.clear()
+            cache[key] = rates
+        return rates
 
     def plans_for_job(
         self,
@@ -287,6 +326,12 @@ def get_planning() -> Planning:
     return Planning.from_settings(get_settings())
 
 
+def warm_up(session: Session) -> None:
+    """Build the process-wide planning and sync it with the stored prices, so that the
+    first requests do not each build it (``lru_cache`` lets concurrent misses all build)."""
+    get_planning().sync(session, force=True)
+
+
 def check_size(planning: Planning, spec: JobSpec) -> None:
     """Refuse a job smaller than ``MIN_WORK_GPU_HOURS`` of one reference GPU (InvalidInput
     naming ``workload``): every instance bills a minute at least, so smaller work is mostly
@@ -311,9 +356,12 @@ def check_size(planning: Planning, spec: JobSpec) -> None:
         )
 
 
-def quote_job(spec: JobSpec, now: datetime, session: Session | None = None) -> PlanSet:
-    """Ranked plans for ``spec`` at ``now``; InvalidInput (422) for a past deadline or a job
-    too small to run, Infeasible (422) when no plan fits, with why."""
+def quote_job(
+    spec: JobSpec, now: datetime, session: Session | None = None, top_n: int = 20
+) -> PlanSet:
+    """The ``top_n`` best plans for ``spec`` at ``now`` (and the cheapest on-time on-demand
+    one, whatever ``top_n``); InvalidInput (422) for a past deadline or a job too small to
+    run, Infeasible (422) when no plan fits, with why."""
     if spec.deadline <= now:
         raise InvalidInput(f"deadline {spec.deadline.isoformat()} is in the past", "deadline")
     planning = get_planning()
@@ -321,7 +369,7 @@ def quote_job(spec: JobSpec, now: datetime, session: Session | None = None) -> P
     if session is not None:
         planning.sync(session)
     learnt = corrections(session) if session is not None else None
-    plans = planning.quote(spec, now, learnt=learnt)
+    plans = planning.quote(spec, now, learnt=learnt, top_n=top_n)
     if not plans.plans:
         reason = plans.infeasible_reason
         raise Infeasible(reason.message if reason else "no plan meets the deadline and max_cost")

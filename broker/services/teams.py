@@ -8,6 +8,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
+from sqlalchemy import bindparam
 from sqlmodel import Session, select
 
 from broker.core.errors import Conflict, NotFound
@@ -35,6 +36,12 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+# Built once: the columns only (no ORM object), on every authenticated request.
+_KEY_BY_HASH = select(ApiKey.team_id, ApiKey.token_hash, ApiKey.revoked_at).where(
+    ApiKey.token_hash == bindparam("digest")
+)
+
+
 def authenticate(session: Session, token: str, admin_token: str | None) -> Principal | None:
     """The principal a bearer token stands for, or None when it is unknown or revoked."""
     if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
@@ -42,7 +49,7 @@ def authenticate(session: Session, token: str, admin_token: str | None) -> Princ
     if not token.startswith(KEY_PREFIX):
         return None
     digest = hash_token(token)
-    key = session.exec(select(ApiKey).where(ApiKey.token_hash == digest)).first()
+    key = session.execute(_KEY_BY_HASH, {"digest": digest}).first()
     if key is None or key.revoked_at is not None:
         return None
     if not hmac.compare_digest(key.token_hash, digest):

@@ -5,9 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 from broker.db.models import Job
-from broker.services import agent_reports, lifecycle
-from broker.services.quoting import get_planning
-from tests.helpers import LEASE
+from broker.services import admission, agent_reports, lifecycle
+from broker.services.job_spec import JobSpec
+from broker.services.ledger import job_reserved, team_budget
+from broker.services.quoting import Planning, get_planning, quote_job
+from broker.services.teams import create_team
+from tests.helpers import LEASE, job_spec
 
 
 def test_replan_covers_only_the_work_left_after_the_latest_checkpoint(
@@ -56,3 +59,40 @@ def test_replan_that_cannot_make_the_deadline_says_deadline_missed(session, cloc
     replan = get_planning().plans_for_job(session, job, clock.now())
     assert replan.stop == "deadline_missed"
     assert "earliest possible finish" in (replan.reason or "")
+
+
+def test_admission_quotes_one_plan_the_same_best_and_cheapest_on_demand(session, clock):
+    for market in ("auto", "spot", "on_demand"):
+        spec = JobSpec.model_validate(job_spec(market=market))
+        full = quote_job(spec, clock.now(), session)
+        one = quote_job(spec, clock.now(), session, top_n=1)
+        assert len(full.plans) > 1 and len(one.plans) == 1
+        assert one.plans[0] == full.plans[0]
+        assert one.cheapest_on_demand == full.cheapest_on_demand
+
+
+def test_cached_rates_rank_as_a_fresh_planning_does_and_follow_corrections(session, clock):
+    planning = get_planning()
+    spec = JobSpec.model_validate(job_spec())
+    first = planning.quote(spec, clock.now())
+    again = planning.quote(spec, clock.now())
+    fresh = Planning(planning.offers, planning.model, settings=planning.settings)
+    assert first == again == fresh.quote(spec, clock.now())
+    slow = {("ResNet-50", "V100"): 0.5}
+    corrected = planning.quote(spec, clock.now(), learnt=slow)
+    assert corrected == fresh.quote(spec, clock.now(), learnt=slow)
+    v100 = [p.expected_hours for p in first.plans if p.gpu == "V100"]
+    v100_slow = [p.expected_hours for p in corrected.plans if p.gpu == "V100"]
+    assert min(v100_slow) > min(v100) * 1.5
+    assert planning.quote(spec, clock.now()) == first  # the uncorrected rates again
+
+
+def test_admit_returns_what_it_reserved_and_a_replay_reserves_nothing(session, clock):
+    team = create_team(session, "admit", 1_000_000_000, "month", 0.8, clock.now())
+    spec = JobSpec.model_validate(job_spec())
+    admitted = admission.admit(session, team.id, spec, clock.now(), idempotency_key="k1")
+    assert admitted.created and admitted.reserved > 0
+    assert admitted.reserved == job_reserved(session, admitted.job.id)
+    replay = admission.admit(session, team.id, spec, clock.now(), idempotency_key="k1")
+    assert not replay.created and replay.job.id == admitted.job.id and replay.reserved == 0
+    assert team_budget(session, team, clock.now()).reserved == admitted.reserved

@@ -21,7 +21,7 @@ from broker.api.errors import INFEASIBLE_OR_INVALID, ErrorBody, error_responses
 from broker.api.present import job_out, job_summary
 from broker.api.schemas import ID_PATTERN, JobOut, JobPage, ResourceId
 from broker.core.job_status import JobStatus
-from broker.services import admission, agent_channel, dispatch, job_logs, ledger, lifecycle
+from broker.services import admission, agent_channel, dispatch, job_logs, lifecycle
 from broker.services import job_views as queries
 from broker.services.job_spec import PRINTABLE, JobSubmission
 from broker.settings import get_settings
@@ -55,13 +55,13 @@ def submit_job(
     background: BackgroundTasks,
     idempotency_key: IdempotencyKey = None,
 ) -> JobOut:
-    job, created = admission.submit(session, team_id, spec, now, idempotency_key)
-    if created:
-        background.add_task(dispatch.enqueue_launch, job.id)
-    else:
+    admitted = admission.admit(session, team_id, spec, now, idempotency_key)
+    job = admitted.job
+    if not admitted.created:
         response.status_code = status.HTTP_200_OK
         return job_out(queries.job_view(session, team_id, job.id))
-    return job_out(queries.new_job_view(job, reserved=ledger.job_reserved(session, job.id)))
+    background.add_task(dispatch.enqueue_launch, job.id)
+    return job_out(queries.new_job_view(job, reserved=admitted.reserved))
 
 
 @router.get("", response_model=JobPage)
