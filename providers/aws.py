@@ -30,6 +30,7 @@ from providers.base import (
     InstanceRef,
     InstanceState,
     LaunchRequest,
+    ManagedInstance,
     ProviderError,
 )
 from providers.retry import RetryPolicy
@@ -45,6 +46,10 @@ METADATA_OPTIONS = {
     "HttpPutResponseHopLimit": 2,
 }
 _LISTED_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
+# DescribeInstances: at most 1000 results a page; ids go in an ``instance-id`` filter (an
+# unknown id there is no error, unlike InstanceIds), 100 values a call, under EC2's 200.
+PAGE_SIZE = 1000
+IDS_PER_CALL = 100
 _REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 
 
@@ -114,10 +119,12 @@ class AwsProvider:
         retry: RetryPolicy | None = None,
         connect_timeout: float = 5.0,
         read_timeout: float = 30.0,
+        describe_batch: int = IDS_PER_CALL,
     ) -> None:
         self.endpoint_url = endpoint_url
-        self.regions = list(regions)
+        self.region_names = list(regions)
         self.instance_profile = instance_profile
+        self.describe_batch = describe_batch
         self._session = boto3.session.Session(
             aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key
         )
@@ -220,25 +227,60 @@ class AwsProvider:
         except InstanceNotFound:
             logger.info("EC2 instance already gone", extra={"instance_id": ref.instance_id})
 
-    def list_managed(self, region: str) -> list[InstanceRef]:
-        """Every instance in ``region`` carrying the broker's tag, except terminated ones."""
-        client = self._client(region)
+    def describe_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, InstanceState | None]:
+        """DescribeInstances per region, ``describe_batch`` ids a call; None for an unknown id."""
+        found: dict[InstanceRef, InstanceState | None] = {ref: None for ref in refs}
+        by_region: dict[str, dict[str, InstanceRef]] = {}
+        for ref in refs:
+            by_region.setdefault(ref.region, {})[ref.instance_id] = ref
+        for region, wanted in by_region.items():
+            ids = sorted(wanted)
+            for start in range(0, len(ids), self.describe_batch):
+                values = ids[start : start + self.describe_batch]
+                chunk = [{"Name": "instance-id", "Values": values}]
+                for instance in self._instances(region, chunk):
+                    match = wanted.get(instance["InstanceId"])
+                    if match is not None:
+                        found[match] = instance_state(instance)
+        return found
+
+    def regions(self) -> list[str]:
+        """The regions of ``BROKER_AWS_REGIONS``."""
+        return list(self.region_names)
+
+    def list_managed(self, region: str) -> list[ManagedInstance]:
+        """Every instance in ``region`` carrying the broker's tag, except terminated ones,
+        with its state: one DescribeInstances per page of ``PAGE_SIZE``."""
         filters = [
             {"Name": "tag-key", "Values": [MANAGED_TAG]},
             {"Name": "instance-state-name", "Values": _LISTED_STATES},
         ]
+        return [
+            ManagedInstance(
+                "aws",
+                region,
+                instance.get("Placement", {}).get("AvailabilityZone", ""),
+                instance["InstanceId"],
+                state=instance_state(instance),
+            )
+            for instance in self._instances(region, filters)
+        ]
+
+    def _instances(self, region: str, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every DescribeInstances item that passes ``filters``, a page at a time."""
+        client = self._client(region)
 
         def pages() -> list[dict[str, Any]]:
             paginator = client.get_paginator("describe_instances")
-            return list(paginator.paginate(Filters=filters))
+            pager = paginator.paginate(Filters=filters, PaginationConfig={"PageSize": PAGE_SIZE})
+            return list(pager)
 
-        refs = []
-        for page in self._call("DescribeInstances", pages):
-            for reservation in page.get("Reservations", []):
-                for instance in reservation.get("Instances", []):
-                    zone = instance.get("Placement", {}).get("AvailabilityZone", "")
-                    refs.append(InstanceRef("aws", region, zone, instance["InstanceId"]))
-        return refs
+        return [
+            instance
+            for page in self._call("DescribeInstances", pages)
+            for reservation in page.get("Reservations", [])
+            for instance in reservation.get("Instances", [])
+        ]
 
     def resolve_zone(self, region: str, zone: str) -> str:
         """The zone name for a zone name or zone id (``use1-az2``), looked up once per region."""
@@ -284,7 +326,7 @@ class AwsProvider:
         return key
 
     def _home_region(self) -> str:
-        return self.regions[0] if self.regions else "us-east-1"
+        return self.region_names[0] if self.region_names else "us-east-1"
 
     def _client(self, region: str, service: str = "ec2") -> Any:
         with self._lock:

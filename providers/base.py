@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
@@ -96,6 +97,18 @@ class InstanceRef:
     zone: str
     instance_id: str
 
+    # Equal to any ref of the same instance, so a listed ``ManagedInstance`` matches it.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, InstanceRef):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple[str, str, str, str]:
+        return (self.provider, self.region, self.zone, self.instance_id)
+
 
 @dataclass(frozen=True)
 class InstanceState:
@@ -107,6 +120,13 @@ class InstanceState:
     terminated_at: datetime | None = None
     tags: dict[str, str] = field(default_factory=dict)
     market: Market | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class ManagedInstance(InstanceRef):
+    """A ref as ``list_managed`` found it, with the state the same listing reported."""
+
+    state: InstanceState = field(kw_only=True)
 
 
 @runtime_checkable
@@ -127,8 +147,18 @@ class Provider(Protocol):
         """Terminate the instance; terminating a gone instance is not an error."""
         ...
 
-    def list_managed(self, region: str) -> list[InstanceRef]:
-        """Every live or recently ended instance in ``region`` tagged as the broker's."""
+    def describe_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, InstanceState | None]:
+        """``describe`` for many instances in as few calls as the API allows; None for an
+        instance the cloud knows nothing about (never an error for the whole batch)."""
+        ...
+
+    def regions(self) -> list[str]:
+        """The regions this provider manages instances in (configuration, no cloud call)."""
+        ...
+
+    def list_managed(self, region: str) -> list[ManagedInstance]:
+        """Every live or recently ended instance in ``region`` tagged as the broker's, with
+        its state and tags, in one cloud call per page."""
         ...
 
 

@@ -34,6 +34,7 @@ from providers.base import (
     InstanceRef,
     InstanceState,
     LaunchRequest,
+    ManagedInstance,
     ProviderError,
     TransientError,
     sanitize_label,
@@ -51,6 +52,9 @@ IMAGE_FAMILIES = {"x86_64": "common-cu124-debian-11-py310"}
 PREEMPTED_OPERATION = "compute.instances.preempted"
 _NAMESPACE = uuid.UUID("6f1c2d4e-9a51-4c43-8d0e-5b3c1e7a2f90")
 _ENDED = {"STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED"}
+# Instance names per aggregatedList call in ``describe_many`` (a ``name eq`` alternation):
+# names are at most 56 characters, so the filter stays about 3 KB in the request's URL.
+NAMES_PER_CALL = 50
 
 
 def instance_name(token: str) -> str:
@@ -72,6 +76,23 @@ def is_local_endpoint(endpoint_url: str | None) -> bool:
 
 def _time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
+
+
+def listed_state(instance: Any) -> InstanceState:
+    """The state an instance resource shows by itself; an ended one is ``terminated``."""
+    labels = dict(instance.labels)
+    market: Literal["spot", "on_demand"] = (
+        "spot" if instance.scheduling.provisioning_model == "SPOT" else "on_demand"
+    )
+    launched_at = _time(instance.creation_timestamp) or clock.now()
+    if instance.status in ("PROVISIONING", "STAGING"):
+        return InstanceState("pending", None, launched_at, None, labels, market)
+    if instance.status not in _ENDED:
+        return InstanceState("running", None, launched_at, None, labels, market)
+    ended_at = _time(instance.last_stop_timestamp or None)
+    return InstanceState(
+        "terminated", instance.status.lower(), launched_at, ended_at, labels, market
+    )
 
 
 class GcpProvider:
@@ -98,6 +119,7 @@ class GcpProvider:
         retry: RetryPolicy | None = None,
         timeout: float = 30.0,
         operation_timeout: float = 300.0,
+        describe_batch: int = NAMES_PER_CALL,
     ) -> None:
         self.project = project
         self.zones = list(zones)
@@ -105,6 +127,7 @@ class GcpProvider:
         self.image_project = image_project
         self.image_families = dict(image_families)
         self.service_account = service_account
+        self.describe_batch = describe_batch
         self._retry = retry or RetryPolicy()
         self._timeout = timeout
         self._operation_timeout = operation_timeout
@@ -180,23 +203,7 @@ class GcpProvider:
             )
         except InstanceNotFound:
             return self._describe_gone(ref)
-        labels = dict(instance.labels)
-        market = "spot" if instance.scheduling.provisioning_model == "SPOT" else "on_demand"
-        launched_at = _time(instance.creation_timestamp) or clock.now()
-        if instance.status in ("PROVISIONING", "STAGING"):
-            return InstanceState("pending", None, launched_at, None, labels, market)
-        if instance.status not in _ENDED:
-            return InstanceState("running", None, launched_at, None, labels, market)
-        preempted = [op for op in self._history(ref) if op.operation_type == PREEMPTED_OPERATION]
-        ended_at = _time(instance.last_stop_timestamp or None)
-        if preempted:
-            ended_at = ended_at or _time(preempted[-1].insert_time)
-            return InstanceState(
-                "preempted", REASON_SPOT_PREEMPTED, launched_at, ended_at, labels, market
-            )
-        return InstanceState(
-            "terminated", instance.status.lower(), launched_at, ended_at, labels, market
-        )
+        return self._with_history(ref, instance)
 
     def terminate(self, ref: InstanceRef) -> None:
         """Delete the instance; one that is already gone counts as terminated."""
@@ -216,26 +223,83 @@ class GcpProvider:
         except InstanceNotFound:
             logger.info("GCE instance already gone", extra={"instance": ref.instance_id})
 
-    def list_managed(self, region: str) -> list[InstanceRef]:
-        """Every instance of the region's zones that carries the broker's label."""
-        listing = compute_v1.AggregatedListInstancesRequest(
-            project=self.project, filter=f"labels.{MANAGED_TAG}:*"
-        )
+    def describe_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, InstanceState | None]:
+        """aggregatedList filtered by ``describe_batch`` names a call; an instance not found
+        is looked up in its zone's operations (deleted or preempted), None if unknown."""
+        found: dict[InstanceRef, InstanceState | None] = {}
+        wanted = {(ref.zone, ref.instance_id): ref for ref in refs}
+        names = sorted({ref.instance_id for ref in refs})
+        for start in range(0, len(names), self.describe_batch):
+            chunk = "|".join(names[start : start + self.describe_batch])
+            for zone, instance in self._aggregated(f'name eq "{chunk}"'):
+                ref = wanted.get((zone, instance.name))
+                if ref is not None:
+                    found[ref] = self._with_history(ref, instance)
+        for ref in refs:
+            if ref not in found:
+                try:
+                    found[ref] = self._describe_gone(ref)
+                except InstanceNotFound:
+                    found[ref] = None
+        return found
+
+    def regions(self) -> list[str]:
+        """The regions of ``BROKER_GCP_ZONES``."""
+        return sorted({zone.rsplit("-", 1)[0] for zone in self.zones})
+
+    def list_managed(self, region: str) -> list[ManagedInstance]:
+        """Every instance of the region's zones that carries the broker's label, with its
+        state (an ended one as ``terminated``: ``describe`` tells a preemption apart), from
+        one aggregatedList a page."""
+        listed = []
+        for zone, instance in self._aggregated(f"labels.{MANAGED_TAG}:*"):
+            if zone != region and not zone.startswith(region + "-"):
+                continue
+            listed.append(
+                ManagedInstance(
+                    "gcp",
+                    zone.rsplit("-", 1)[0],
+                    zone,
+                    instance.name,
+                    state=listed_state(instance),
+                )
+            )
+        return listed
+
+    def _aggregated(self, expression: str) -> list[tuple[str, Any]]:
+        """(zone, instance) for every instance of the project that passes ``expression``."""
+        listing = compute_v1.AggregatedListInstancesRequest(project=self.project, filter=expression)
 
         def fetch() -> list[tuple[str, Any]]:
             pager = self._instances.aggregated_list(
                 request=listing, retry=None, timeout=self._timeout
             )
-            return [(key, scoped) for key, scoped in pager]
+            return [
+                (key.rsplit("/", 1)[-1], instance)
+                for key, scoped in pager
+                for instance in scoped.instances
+            ]
 
-        refs = []
-        for key, scoped in self._call("instances.aggregatedList", fetch):
-            zone = key.rsplit("/", 1)[-1]
-            if zone != region and not zone.startswith(region + "-"):
-                continue
-            for instance in scoped.instances:
-                refs.append(InstanceRef("gcp", zone.rsplit("-", 1)[0], zone, instance.name))
-        return refs
+        return self._call("instances.aggregatedList", fetch)
+
+    def _with_history(self, ref: InstanceRef, instance: Any) -> InstanceState:
+        """An instance resource's state; for an ended one, its zone's operations say whether
+        it was preempted."""
+        listed = listed_state(instance)
+        if instance.status not in _ENDED:
+            return listed
+        preempted = [op for op in self._history(ref) if op.operation_type == PREEMPTED_OPERATION]
+        if not preempted:
+            return listed
+        ended_at = listed.terminated_at or _time(preempted[-1].insert_time)
+        return InstanceState(
+            "preempted",
+            REASON_SPOT_PREEMPTED,
+            listed.launched_at,
+            ended_at,
+            listed.tags,
+            listed.market,
+        )
 
     def image(self, arch: str) -> str:
         """The boot image for machines of ``arch``: the newest of its image family."""

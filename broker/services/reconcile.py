@@ -1,22 +1,30 @@
-"""Reconcile: make the clouds and the database agree about the broker's instances."""
+"""Reconcile: make the clouds and the database agree about the broker's instances.
+
+A pass lists the clouds first (one ``list_managed`` per region, no transaction open), then
+reads the live attempts in one short transaction, then acts: it terminates the orphans and
+ends the attempts whose instance is gone, each in its own transaction.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import col, select
 
 from broker import clock
 from broker.db.engine import open_session
 from broker.db.models import Attempt
 from broker.services import lifecycle
 from broker.services.lifecycle import LAUNCHING, RUNNING
-from providers.base import TAG_ATTEMPT, InstanceRef, Provider, ProviderError
+from providers.base import TAG_ATTEMPT, ManagedInstance, Provider, ProviderError
 
 log = logging.getLogger(__name__)
+
+DEFAULT_MIN_AGE_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -25,7 +33,7 @@ class ReconcileFailure:
 
     provider: str
     region: str
-    action: str  # "list", "describe" or "terminate"
+    action: str  # "list" or "terminate"
     instance_id: str | None  # None when a whole region could not be listed
     error: str
 
@@ -37,112 +45,129 @@ class ReconcileReport:
     orphans_terminated: list[str] = field(default_factory=list)
     attempts_marked_gone: list[str] = field(default_factory=list)
     failures: list[ReconcileFailure] = field(default_factory=list)
+    # Unknown instances younger than the minimum age: left for a later pass.
+    young_unknown: list[str] = field(default_factory=list)
 
 
-def _launched_since(session: Session, attempt_id: str) -> bool:
-    """Whether an attempt the first read missed is live now (begun during this pass)."""
-    if not attempt_id:
-        return False
-    session.rollback()  # a new transaction: see attempts committed since the first read
-    attempt = session.get(Attempt, attempt_id)
-    return attempt is not None and attempt.status in (LAUNCHING, RUNNING)
+@dataclass(frozen=True)
+class _Live:
+    """A launching or running attempt as the comparison read it."""
+
+    status: str
+    provider: str
+    region: str
+    started_at: datetime | None
 
 
-class _Pass:
-    """One reconcile pass: the live attempts read at its start and what it has seen since."""
+def _fail(
+    report: ReconcileReport,
+    provider: str,
+    region: str,
+    action: str,
+    instance_id: str | None,
+    error: ProviderError,
+) -> None:
+    report.failures.append(ReconcileFailure(provider, region, action, instance_id, str(error)))
+    log.warning(
+        "reconcile could not %s %s, going on: %s",
+        action,
+        instance_id or f"{provider} {region}",
+        error,
+        extra={"provider": provider, "region": region, "instance_id": instance_id},
+    )
 
-    def __init__(self, session: Session, report: ReconcileReport) -> None:
-        self.session = session
-        self.report = report
-        self.live = {
-            a.id: a
-            for a in session.exec(
-                select(Attempt).where(col(Attempt.status).in_((LAUNCHING, RUNNING)))
-            ).all()
-        }
-        self.seen: set[str] = set()
-        # (provider, region) whose listing is incomplete: their attempts are not marked gone.
-        self.uncertain: set[tuple[str, str]] = set()
 
-    def failed(self, ref: InstanceRef, action: str, error: ProviderError) -> None:
-        instance_id = ref.instance_id or None
-        if action != "terminate":  # a listing or a description missed: the region is unclear
-            self.uncertain.add((ref.provider, ref.region))
-        self.report.failures.append(
-            ReconcileFailure(ref.provider, ref.region, action, instance_id, str(error))
-        )
-        log.warning(
-            "reconcile could not %s %s, going on: %s",
-            action,
-            instance_id or f"{ref.provider} {ref.region}",
-            error,
-            extra={"provider": ref.provider, "region": ref.region, "instance_id": instance_id},
-        )
-
-    def region(self, name: str, provider: Provider, region: str) -> None:
-        try:
-            refs = provider.list_managed(region)
-        except ProviderError as error:
-            self.failed(InstanceRef(name, region, "", ""), "list", error)
-            return
-        for ref in refs:
-            self.instance(provider, ref)
-
-    def instance(self, provider: Provider, ref: InstanceRef) -> None:
-        try:
-            state = provider.describe(ref)
-        except ProviderError as error:
-            self.failed(ref, "describe", error)
-            return
-        if state.status in ("terminated", "preempted"):
-            return
-        attempt_id = state.tags.get(TAG_ATTEMPT, "")
-        if attempt_id in self.live or _launched_since(self.session, attempt_id):
-            self.seen.add(attempt_id)
-            return
-        try:
-            provider.terminate(ref)
-        except ProviderError as error:
-            self.failed(ref, "terminate", error)
-            return
-        self.report.orphans_terminated.append(ref.instance_id)
-        log.warning(
-            "orphan terminated", extra={"instance_id": ref.instance_id, "attempt_id": attempt_id}
-        )
-
-    def mark_gone(self) -> None:
-        now = clock.now()
-        for attempt_id, attempt in self.live.items():
-            if attempt.status != RUNNING or attempt_id in self.seen:
+def _list_clouds(
+    providers: Mapping[str, Provider], report: ReconcileReport
+) -> tuple[list[tuple[Provider, ManagedInstance]], set[tuple[str, str]]]:
+    """Every managed instance of every region, and the (provider, region)s listed whole."""
+    listed: list[tuple[Provider, ManagedInstance]] = []
+    whole: set[tuple[str, str]] = set()
+    for name, provider in providers.items():
+        for region in provider.regions():
+            try:
+                found = provider.list_managed(region)
+            except ProviderError as error:
+                _fail(report, name, region, "list", None, error)
                 continue
-            if (attempt.provider, attempt.region) in self.uncertain:
-                continue  # its instance may be the one a failed call was about
-            lifecycle.preempted(self.session, attempt_id, now)
-            self.report.attempts_marked_gone.append(attempt_id)
+            whole.add((name, region))
+            listed.extend((provider, instance) for instance in found)
+    return listed, whole
+
+
+def _live_attempts(engine: Engine) -> dict[str, _Live]:
+    """The launching and running attempts, read in one short transaction."""
+    with open_session(engine) as session:
+        rows = session.exec(
+            select(Attempt).where(col(Attempt.status).in_((LAUNCHING, RUNNING)))
+        ).all()
+        return {a.id: _Live(a.status, a.provider, a.region, a.started_at) for a in rows}
 
 
 def reconcile(
     engine: Engine,
     providers: Mapping[str, Provider],
-    regions_of: Callable[[str], list[str]],
+    *,
+    min_age_seconds: float = DEFAULT_MIN_AGE_SECONDS,
 ) -> ReconcileReport:
     """Terminate tagged instances the database does not know as live; mark vanished ones.
 
-    Every region of every provider is listed; an instance carrying the broker's tags whose
-    attempt is not launching or running is an orphan (a crash between launch and commit, a
-    terminate that failed) and is terminated. A running attempt whose instance is in no
-    listing has lost it: the attempt ends as preempted and the job resumes from its latest
-    checkpoint. A cloud call that fails (an instance that refuses to terminate, a region that
-    does not answer) is logged and counted in ``failures``, and the pass goes on; attempts in
-    a region with a failure are not marked gone on this pass.
+    Every region of every provider (``Provider.regions``) is listed; a live instance carrying
+    the broker's tags whose attempt is not launching or running, and that is at least
+    ``min_age_seconds`` (broker clock) old, is an orphan (a crash between launch and commit,
+    a terminate that failed) and is terminated; a younger one is left to a later pass (its
+    launch may still be on its way to the database). An attempt that was running before the
+    listing began and whose instance is in no listing has lost it: it ends as preempted and
+    the job resumes from its latest checkpoint. A cloud call that fails is logged and counted
+    in ``failures`` and the pass goes on; attempts of a region that was not listed whole are
+    not marked gone on this pass.
     """
     report = ReconcileReport()
-    with open_session(engine) as session:
-        run = _Pass(session, report)
-        for name, provider in providers.items():
-            for region in regions_of(name):
-                run.region(name, provider, region)
-        run.mark_gone()
+    listing_began = clock.now()
+    listed, whole = _list_clouds(providers, report)
+    live = _live_attempts(engine)  # after the listing: every listed launch has its row by now
+    now = clock.now()
+
+    seen: set[str] = set()
+    orphans: list[tuple[Provider, ManagedInstance]] = []
+    for provider, instance in listed:
+        if instance.state.status in ("terminated", "preempted"):
+            continue
+        attempt_id = instance.state.tags.get(TAG_ATTEMPT, "")
+        if attempt_id in live:
+            seen.add(attempt_id)
+        elif (now - instance.state.launched_at).total_seconds() < min_age_seconds:
+            report.young_unknown.append(instance.instance_id)
+        else:
+            orphans.append((provider, instance))
+
+    for provider, instance in orphans:
+        try:
+            provider.terminate(instance)
+        except ProviderError as error:
+            where = (instance.provider, instance.region)
+            _fail(report, *where, "terminate", instance.instance_id, error)
+            continue
+        report.orphans_terminated.append(instance.instance_id)
+        log.warning(
+            "orphan terminated",
+            extra={
+                "instance_id": instance.instance_id,
+                "attempt_id": instance.state.tags.get(TAG_ATTEMPT),
+            },
+        )
+
+    for attempt_id, attempt in live.items():
+        if attempt.status != RUNNING or attempt_id in seen:
+            continue
+        if (attempt.provider, attempt.region) not in whole:
+            continue  # its region's listing failed (or no provider lists it)
+        if attempt.started_at is None or attempt.started_at > listing_began:
+            continue  # launched while the listing ran: its instance may not be in it
+        with open_session(engine) as session:
+            lifecycle.preempted(session, attempt_id, now)
+        report.attempts_marked_gone.append(attempt_id)
+
     if report.failures:
         log.warning(
             "reconcile pass finished with %d failed cloud calls",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 
 import numpy as np
@@ -11,7 +12,7 @@ from broker.clock import ManualClock
 from providers.base import CapacityError, InstanceRef, TransientError
 from providers.local import Fault, LocalCloud
 from providers.local.instances import NOTICE_SECONDS
-from providers.retry import RetryPolicy
+from providers.retry import FAST_RETRY, RetryPolicy
 from tests.providers.conftest import ProviderCase
 
 
@@ -67,6 +68,58 @@ def test_list_managed_finds_exactly_the_brokers_instances(case: ProviderCase) ->
     assert elsewhere.instance_id not in ids
     assert ids == case.raw_managed(case.region)
     assert elsewhere in case.provider.list_managed(case.other_region)
+
+
+def test_list_managed_gives_each_instance_state_and_tags(case: ProviderCase) -> None:
+    request = case.request()
+    ref = case.provider.launch(request)
+    case.launched.append(ref)
+    listed = {found.instance_id: found for found in case.provider.list_managed(case.region)}
+    found = listed[ref.instance_id]
+    assert found == ref
+    assert found.state.status == "running"
+    assert found.state.market == "spot"
+    assert found.state.tags["broker-job"] == "job-1"
+    assert found.state.tags["broker-attempt"] == request.token
+    assert found.state.launched_at.tzinfo is not None
+
+
+def test_describe_many_batches_the_calls_and_reports_gone_instances_as_such(
+    case: ProviderCase, local_cloud: LocalCloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batched = type(case.provider).from_settings(
+        local_cloud.settings(), retry=FAST_RETRY, describe_batch=2
+    )
+    running = [_launch(case), _launch(case)]
+    ended = _launch(case, market="on_demand")
+    case.provider.terminate(ended)
+    unknown = InstanceRef(
+        case.provider.name,
+        case.region,
+        ended.zone,
+        "i-0123456789abcdef0" if case.provider.name == "aws" else "broker-never-launched",
+    )
+    served = Counter[str]()
+    decide = local_cloud.faults.decide
+
+    def counted() -> object:  # every request either local cloud serves asks the injector
+        served["calls"] += 1
+        return decide()
+
+    monkeypatch.setattr(local_cloud.faults, "decide", counted)
+
+    states = batched.describe_many([*running, ended, unknown])
+
+    assert set(states) == {*running, ended, unknown}
+    assert [states[ref].status for ref in running] == ["running", "running"]  # type: ignore[union-attr]
+    assert states[ended] is not None and states[ended].status == "terminated"
+    assert states[unknown] is None
+    # Four refs, two a call; GCE also reads the zone's operations for each instance not listed.
+    assert served["calls"] == (2 if case.provider.name == "aws" else 4)
+
+
+def test_regions_are_the_configured_ones(case: ProviderCase) -> None:
+    assert {case.region, case.other_region} <= set(case.provider.regions())
 
 
 def test_spot_instance_is_preempted_a_notice_window_after_its_trace_turns_unavailable(

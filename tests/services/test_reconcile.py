@@ -1,16 +1,18 @@
 """Reconcile through the real local clouds (moto and the GCE fake): one instance that refuses
-to terminate, or one region that does not answer, no longer stops the pass."""
+to terminate, or one region that does not answer, no longer stops the pass; an unknown
+instance is terminated only once old enough; no transaction is open during a cloud call."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
 import pytest
-from sqlalchemy.engine import Engine
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session
 
 from broker import clock
@@ -19,7 +21,7 @@ from broker.db.models import Attempt, Job
 from broker.services import lifecycle
 from broker.services.reconcile import reconcile
 from providers.aws import AwsProvider
-from providers.base import InstanceRef, LaunchRequest, Provider
+from providers.base import InstanceRef, InstanceState, LaunchRequest, ManagedInstance, Provider
 from providers.gcp import GcpProvider
 from providers.local import Fault, LocalCloud
 from providers.local.stack import LOCAL_ACCESS_KEY, LOCAL_SECRET_KEY
@@ -28,6 +30,7 @@ from tests.helpers import LEASE, chosen
 
 AWS_ZONE = "use1-az6"  # moto's zone id of us-east-1a
 REGIONS = {"aws": ["us-east-1"], "gcp": ["us-central1"]}
+MIN_AGE = 600.0
 GCP_PLAN = {
     "provider": "gcp",
     "region": "us-central1",
@@ -42,12 +45,18 @@ TWO_TRIES = RetryPolicy(attempts=2, initial_wait=0.01, max_wait=0.02, total_seco
 
 
 @pytest.fixture(scope="module")
-def cloud() -> Iterator[LocalCloud]:
+def cloud_clock() -> ManualClock:
+    """The GCE fake's clock: it stamps its instances' creation time."""
+    return ManualClock(datetime(2024, 3, 1, tzinfo=UTC))
+
+
+@pytest.fixture(scope="module")
+def cloud(cloud_clock: ManualClock) -> Iterator[LocalCloud]:
     with LocalCloud(
         aws_regions=["us-east-1"],
         gcp_zones=["us-central1-a"],
         market_interval_seconds=None,
-        clock=ManualClock(datetime(2024, 3, 1, tzinfo=UTC)),
+        clock=cloud_clock,
     ) as local:
         local.market.set_available("aws", "us-east-1a", "*", True)
         local.market.set_available("gcp", "us-central1-a", "*", True)
@@ -57,8 +66,10 @@ def cloud() -> Iterator[LocalCloud]:
 @pytest.fixture
 def providers(cloud: LocalCloud) -> Iterator[dict[str, Provider]]:
     built: dict[str, Provider] = {
-        "aws": AwsProvider.from_settings(cloud.settings(), retry=TWO_TRIES),
-        "gcp": GcpProvider.from_settings(cloud.settings(), retry=TWO_TRIES),
+        "aws": AwsProvider.from_settings(cloud.settings(), retry=TWO_TRIES, regions=REGIONS["aws"]),
+        "gcp": GcpProvider.from_settings(
+            cloud.settings(), retry=TWO_TRIES, zones=["us-central1-a"]
+        ),
     }
     yield built
     cloud.faults.reset()
@@ -70,6 +81,14 @@ def providers(cloud: LocalCloud) -> Iterator[dict[str, Provider]]:
                         InstanceId=ref.instance_id, DisableApiTermination={"Value": False}
                     )
                 provider.terminate(ref)
+
+
+@pytest.fixture
+def aged(clock: ManualClock) -> ManualClock:
+    """The broker clock past the minimum age of anything launched now (moto stamps
+    ``LaunchTime`` with wall time)."""
+    clock.set(datetime.now(UTC) + timedelta(seconds=MIN_AGE + 120))
+    return clock
 
 
 def _ec2(cloud: LocalCloud) -> Any:
@@ -125,6 +144,7 @@ def test_an_instance_that_refuses_to_terminate_does_not_stop_the_pass(
     session: Session,
     submit: Any,
     run_spot: Any,
+    aged: ManualClock,
 ) -> None:
     stuck = _orphan(providers["aws"])
     _ec2(cloud).modify_instance_attribute(
@@ -134,7 +154,7 @@ def test_an_instance_that_refuses_to_terminate_does_not_stop_the_pass(
     gcp_orphan = _orphan(providers["gcp"])
     vanished, _ = run_spot(submit())  # running in aws us-east-1, instance "i-1" is nowhere
 
-    report = reconcile(db_engine, providers, REGIONS.__getitem__)
+    report = reconcile(db_engine, providers, min_age_seconds=MIN_AGE)
 
     assert sorted(report.orphans_terminated) == sorted(
         [aws_orphan.instance_id, gcp_orphan.instance_id]
@@ -158,13 +178,14 @@ def test_a_region_that_does_not_answer_is_skipped_and_its_attempts_left_alone(
     session: Session,
     submit: Any,
     run_spot: Any,
+    aged: ManualClock,
 ) -> None:
     gcp_orphan = _orphan(providers["gcp"])
     aws_attempt, _ = run_spot(submit())
     gcp_attempt = _running(session, submit(budget=2_000_000_000), GCP_PLAN, "gone-1")
     cloud.faults.fail_next(2, Fault.SERVER_ERROR)  # both tries of the first call: EC2's listing
 
-    report = reconcile(db_engine, providers, REGIONS.__getitem__)
+    report = reconcile(db_engine, providers, min_age_seconds=MIN_AGE)
 
     assert [(f.provider, f.region, f.action, f.instance_id) for f in report.failures] == [
         ("aws", "us-east-1", "list", None)
@@ -174,3 +195,104 @@ def test_a_region_that_does_not_answer_is_skipped_and_its_attempts_left_alone(
     assert report.attempts_marked_gone == [gcp_attempt.id]
     assert _status(session, aws_attempt.id) == lifecycle.RUNNING
     assert _status(session, gcp_attempt.id) != lifecycle.RUNNING
+
+
+def test_an_unknown_instance_is_kept_while_young_and_terminated_once_old(
+    cloud: LocalCloud,
+    cloud_clock: ManualClock,
+    providers: dict[str, Provider],
+    db_engine: Engine,
+    clock: ManualClock,
+) -> None:
+    clock.set(cloud_clock.now())
+    orphan = _orphan(providers["gcp"])  # created at the GCE fake's clock: now
+
+    clock.advance(MIN_AGE - 60)
+    young = reconcile(db_engine, providers, min_age_seconds=MIN_AGE)
+
+    assert young.orphans_terminated == []
+    assert young.young_unknown == [orphan.instance_id]
+    assert providers["gcp"].describe(orphan).status == "running"
+
+    clock.advance(120)
+    old = reconcile(db_engine, providers, min_age_seconds=MIN_AGE)
+
+    assert old.orphans_terminated == [orphan.instance_id]
+    assert old.young_unknown == []
+    assert providers["gcp"].describe(orphan).status == "terminated"
+
+
+class _NoTransactionDuringCalls:
+    """A real provider whose every call first checks that no database transaction is open
+    on ``engine`` (counted from the engine's begin, commit and rollback events)."""
+
+    def __init__(self, inner: Provider, engine: Engine) -> None:
+        self.inner, self.name = inner, inner.name
+        self.open = 0
+        self.calls: list[str] = []
+        event.listen(engine, "begin", self._began)
+        event.listen(engine, "commit", self._ended)
+        event.listen(engine, "rollback", self._ended)
+        self.engine = engine
+
+    def _began(self, connection: Connection) -> None:
+        self.open += 1
+
+    def _ended(self, connection: Connection) -> None:
+        self.open = max(0, self.open - 1)
+
+    def detach(self) -> None:
+        event.remove(self.engine, "begin", self._began)
+        event.remove(self.engine, "commit", self._ended)
+        event.remove(self.engine, "rollback", self._ended)
+
+    def _check(self, call: str) -> None:
+        assert self.open == 0, f"{call} called with a database transaction open"
+        self.calls.append(call)
+
+    def regions(self) -> list[str]:
+        return self.inner.regions()
+
+    def list_managed(self, region: str) -> list[ManagedInstance]:
+        self._check("list_managed")
+        return self.inner.list_managed(region)
+
+    def describe(self, ref: InstanceRef) -> InstanceState:
+        self._check("describe")
+        return self.inner.describe(ref)
+
+    def describe_many(self, refs: Any) -> dict[InstanceRef, InstanceState | None]:
+        self._check("describe_many")
+        return self.inner.describe_many(refs)
+
+    def terminate(self, ref: InstanceRef) -> None:
+        self._check("terminate")
+        self.inner.terminate(ref)
+
+    def launch(self, request: LaunchRequest) -> InstanceRef:
+        self._check("launch")
+        return self.inner.launch(request)
+
+
+def test_no_database_transaction_is_open_during_a_cloud_call(
+    providers: dict[str, Provider],
+    db_engine: Engine,
+    session: Session,
+    submit: Any,
+    run_spot: Any,
+    aged: ManualClock,
+) -> None:
+    orphans = [_orphan(providers["aws"]), _orphan(providers["gcp"])]
+    known, _ = run_spot(submit())
+    session.close()  # the test's own session holds no transaction either
+    checked = {name: _NoTransactionDuringCalls(p, db_engine) for name, p in providers.items()}
+    try:
+        report = reconcile(db_engine, checked, min_age_seconds=MIN_AGE)  # type: ignore[arg-type]
+    finally:
+        for wrapper in checked.values():
+            wrapper.detach()
+
+    assert sorted(report.orphans_terminated) == sorted(o.instance_id for o in orphans)
+    assert report.attempts_marked_gone == [known.id]  # "i-1" is in no cloud
+    assert checked["aws"].calls == ["list_managed", "terminate"]
+    assert checked["gcp"].calls == ["list_managed", "terminate"]
