@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     )
     tick_seconds: float = Field(default=5.0, gt=0, description="Beat interval of tick (wall s).")
     reconcile_seconds: float = Field(default=30.0, gt=0)
+    reconcile_min_age_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        description="Broker seconds an unknown tagged instance lives before reconcile ends it.",
+    )
     refresh_prices_seconds: float = Field(default=3600.0, gt=0)
     price_check_seconds: float = Field(
         default=2.0,
@@ -102,6 +107,15 @@ class Settings(BaseSettings):
     clock_scale: float = Field(default=1.0, gt=0, description="Simulated seconds per wall second.")
     clock_epoch: datetime | None = Field(
         default=None, description="Wall time at which the scaled clock equals itself."
+    )
+    clock_schedule: Path | None = Field(
+        default=None,
+        description="The scaled clock's schedule file (the embedded stack lowers the scale "
+        "there when its control loop lags); overrides clock_scale and clock_epoch.",
+    )
+    loop_lag_file: Path | None = Field(
+        default=None,
+        description="Where the workers append how late control-loop tasks start (embedded).",
     )
 
     # Clouds

@@ -1,14 +1,16 @@
 """The Celery application: broker URL from settings, late acks, beat schedule; the workers'
-logging and metrics folder."""
+logging and metrics folder; the control loop's lag log (embedded stack)."""
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from celery import Celery, signals
 from kombu import Queue
 
+from broker.devstack.pacing import record_lag
 from broker.logs import configure_logging
 from broker.private_files import private_dir
 from broker.settings import Settings, get_settings
@@ -39,6 +41,41 @@ def _forget_process(pid: int | None = None, **_: Any) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(pid or os.getpid(), str(get_settings().resolved_metrics_dir))
+
+
+# The tasks whose start delay measures the control loop: the beat's tick and its fan-out.
+PACED_TASKS = {"tasks.control_loop.tick": "tick", "tasks.control_loop.observe": "observe"}
+
+
+@signals.before_task_publish.connect
+def _stamp_published(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """Every message carries the wall time it was sent (the lag log's start delay)."""
+    if headers is not None:
+        headers.setdefault("published_at", time.time())
+
+
+def _log_lag(task: str, request: Any, expired: bool = False) -> None:
+    path = get_settings().loop_lag_file
+    published = request.get("published_at") if request is not None else None
+    if path is None or task not in PACED_TASKS or published is None:
+        return
+    try:
+        kind = PACED_TASKS[task] + ("-expired" if expired else "")
+        record_lag(path, kind, time.time() - float(published))
+    except (OSError, ValueError):
+        pass  # a measurement, never a reason to fail the task
+
+
+@signals.task_prerun.connect
+def _task_started(sender: Any = None, **_: Any) -> None:
+    _log_lag(getattr(sender, "name", ""), getattr(sender, "request", None))
+
+
+@signals.task_revoked.connect
+def _task_expired(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
+    """An observation dropped for lateness counts as late as it was."""
+    if expired:
+        _log_lag(getattr(sender, "name", ""), request, expired=True)
 
 
 CONTROL_TASKS = (

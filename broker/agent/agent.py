@@ -361,6 +361,48 @@ class Output:
         return text[-TAIL_CHARS:]
 
 
+# -- broker time ----------------------------------------------------------------------------
+
+
+class LeaseClock:
+    """Broker seconds, to hold the spend lease against: from the local stack's clock schedule
+    when the instance was given it (BROKER_CLOCK_SCHEDULE: its scale may drop during the run),
+    else monotonic wall time at the run spec's scale. A deliberate copy of the reader in
+    ``broker.clock``: the agent imports nothing of the broker."""
+
+    def __init__(self, scale: float, schedule: str | None) -> None:
+        self.scale, self.schedule = scale, schedule
+        self.segments: list[tuple[float, float, float]] = []
+        self.checked = time.monotonic()
+        if schedule:
+            with contextlib.suppress(OSError, ValueError):
+                self.segments = self.read()
+
+    def read(self) -> list[tuple[float, float, float]]:
+        assert self.schedule is not None
+        with open(self.schedule) as handle:
+            lines = [line for line in handle.read().splitlines(True) if line.endswith("\n")]
+        segments = [(float(w), float(b), float(s)) for w, b, s in (x.split() for x in lines)]
+        if not segments:
+            raise ValueError("no clock segment")
+        return segments
+
+    def now(self) -> float:
+        if not self.segments:
+            return time.monotonic() * self.scale
+        if time.monotonic() - self.checked >= 0.5:
+            self.checked = time.monotonic()
+            with contextlib.suppress(OSError, ValueError):
+                self.segments = self.read()
+        wall = time.time()
+        current = self.segments[0]
+        for segment in self.segments[1:]:
+            if segment[0] > wall:
+                break
+            current = segment
+        return current[1] + (wall - current[0]) * current[2]
+
+
 # -- the run ----------------------------------------------------------------------------------
 
 
@@ -369,10 +411,11 @@ class Run:
 
     def __init__(self, broker: Broker, spec: dict[str, Any], dirs: dict[str, str]) -> None:
         self.broker, self.spec, self.dirs = broker, spec, dirs
-        self.scale = float(spec.get("clock_scale") or 1.0)
+        scale = float(spec.get("clock_scale") or 1.0)
+        self.clock = LeaseClock(scale, os.environ.get("BROKER_CLOCK_SCHEDULE"))
         self.total = float(spec["total_work"])
         self.work = self.accepted = float(spec.get("start_work") or 0.0)
-        self.lease_until = time.monotonic() + float(spec["lease_seconds_left"]) / self.scale
+        self.lease_until = self.clock.now() + float(spec["lease_seconds_left"])  # broker s
         self.output = Output()
         self.unreported: tuple[str, float] | None = None  # a checkpoint's key and work
         self.report_lock, self.flush_lock = threading.Lock(), threading.Lock()
@@ -456,7 +499,7 @@ class Run:
                 self.accepted = max(self.accepted, work)
                 if self.unreported == (key, work):
                     self.unreported = None
-        self.lease_until = time.monotonic() + float(ack["lease_seconds_left"]) / self.scale
+        self.lease_until = self.clock.now() + float(ack["lease_seconds_left"])
         if ack.get("should_stop"):
             self.stop_for(f"the broker says stop (job {ack.get('job_status')})", 0)
 
@@ -614,7 +657,7 @@ class Run:
                 return self.preempted()
             if self.halt is not None:
                 return self.stop(*self.halt)
-            if time.monotonic() > self.lease_until:
+            if self.clock.now() > self.lease_until:
                 return self.stop("no progress ack renewed the lease in time: stopping", 1)
             self.wake.wait(0.2)
             self.wake.clear()

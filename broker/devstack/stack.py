@@ -12,6 +12,11 @@ A supervisor thread starts a worker again when it exits unexpectedly (with a gro
 if it keeps dying). No child outlives the stack: each gets SIGTERM when the stack's process
 dies (``die_with_parent``), a worker's pool and its embedded beat when the worker dies
 (billiard, ``tasks.liveness``).
+
+The clock is a schedule file in the data folder (``broker.clock.ScheduleClock``) that every
+process, the instances' agents included, reads: when the workers' lag log says the control
+loop runs late in broker time, the supervisor lowers the scale there (``pacing``), so a busy
+machine gets a slower demo rather than decisions on stale observations.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker import clock
-from broker.clock import ScaledClock
+from broker.clock import ScheduleClock, start_schedule
+from broker.devstack.pacing import Pacer
 from broker.devstack.processes import (
     api_argv,
     die_with_parent,
@@ -71,6 +77,8 @@ class EmbeddedStack:
         api_port: int | None = None,
         epoch: datetime | None = None,
         supervise: bool = True,
+        min_scale: float | None = None,
+        lag_limit_seconds: float = 600.0,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.scale = scale
@@ -91,6 +99,13 @@ class EmbeddedStack:
         self.agent_secret = agent_secret
         self.api_port = api_port or free_port()
         self.epoch = epoch
+        # The supervisor lowers the scale (halving it) while the control loop lags more
+        # than lag_limit_seconds of broker time, down to min_scale (default: a quarter).
+        self.min_scale = min(scale, scale / 4 if min_scale is None else min_scale)
+        self.lag_limit_seconds = lag_limit_seconds
+        self.schedule_path = self.data_dir / "clock_schedule"
+        self.lag_log_path = self.data_dir / "loop_lag"
+        self.pacer: Pacer | None = None
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         self.cloud: Any = None
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -113,8 +128,17 @@ class EmbeddedStack:
         private_dir(self.data_dir)
         self._stopping.clear()
         epoch = self.epoch or datetime.now(UTC)
-        scaled = ScaledClock(self.scale, epoch)
+        start_schedule(self.schedule_path, self.scale, epoch)
+        self.lag_log_path.unlink(missing_ok=True)
+        scaled = ScheduleClock(self.schedule_path)
         clock.set_clock(scaled)
+        self.pacer = pacer = Pacer(
+            self.schedule_path,
+            self.lag_log_path,
+            floor=self.min_scale,
+            limit_seconds=self.lag_limit_seconds,
+            tick_seconds=self.tick_seconds,
+        )
         self.cloud = LocalCloud(
             fault_rate=0.0,
             market_offset_seconds=self.market_offset_seconds,
@@ -134,6 +158,8 @@ class EmbeddedStack:
                 or kept_secret(self.data_dir / AGENT_SECRET_FILE),
                 "BROKER_CLOCK_SCALE": str(self.scale),
                 "BROKER_CLOCK_EPOCH": epoch.isoformat(),
+                "BROKER_CLOCK_SCHEDULE": str(self.schedule_path),
+                "BROKER_LOOP_LAG_FILE": str(self.lag_log_path),
                 "BROKER_TICK_SECONDS": str(self.tick_seconds),
                 "BROKER_RECONCILE_SECONDS": str(self.reconcile_seconds),
                 "BROKER_API_URL": self.api_url,
@@ -151,6 +177,8 @@ class EmbeddedStack:
             for number in range(1, self.workers + 1):
                 self._spawn_worker(number)
             self._wait_for_api()
+            # Booting workers start their first tasks late: judge the loop from here on.
+            pacer.calm_until = time.time() + 5.0
             self.cloud.faults.rate = self.fault_rate
             if self.supervise:
                 self._supervisor = threading.Thread(
@@ -305,8 +333,20 @@ class EmbeddedStack:
             self.env.update(env)
             self._spawn_worker()
 
+    @property
+    def effective_scale(self) -> float:
+        """Broker seconds per wall second now (the scale the stack started with, or lower)."""
+        return clock.scale()
+
+    @property
+    def scale_changes(self) -> list[tuple[datetime, float]]:
+        """When (broker time) the supervisor lowered the scale, and to what."""
+        changes = self.pacer.changes if self.pacer is not None else []
+        return [(datetime.fromtimestamp(broker, UTC), scale) for _, broker, scale in changes]
+
     def _supervise(self) -> None:
-        """Every half second: start again each worker that exited while the stack runs."""
+        """Every half second: start again each worker that exited while the stack runs; lower
+        the clock's scale if the control loop lags."""
         while not self._stopping.wait(0.5):
             try:
                 with self._lock:
@@ -315,6 +355,11 @@ class EmbeddedStack:
                             self._revive(name, process)
             except Exception:  # the supervisor must outlive any one failure
                 log.exception("the stack's supervisor failed to restart a worker")
+            try:
+                if self.pacer is not None:
+                    self.pacer.poll()
+            except Exception:
+                log.exception("the stack's supervisor failed to read the control loop's lag")
 
     def _revive(self, name: str, process: subprocess.Popen[bytes]) -> None:
         ran = time.monotonic() - self._started_at.get(name, 0.0)

@@ -196,7 +196,7 @@ def lease_seconds_left(attempt: Attempt, now: datetime, settings: Settings) -> f
         controls = SpendControls(
             lease_seconds=settings.lease_seconds, lease_ticks=settings.lease_ticks
         )
-        return controls.lease(settings.tick_seconds * clock.scale())
+        return controls.lease(settings.tick_seconds * clock.nominal_scale())
     return max(0.0, (attempt.lease_until - now).total_seconds())
 
 

@@ -87,6 +87,7 @@ class Runner:
         agent_silence_seconds: float = 600.0,
         agent_boot_grace_seconds: float = 600.0,
         agent_report_seconds: float = 60.0,
+        reconcile_min_age_seconds: float = 600.0,
     ) -> None:
         self.engine = engine
         self.providers = dict(providers)
@@ -101,6 +102,8 @@ class Runner:
         self.agent_silence_seconds = agent_silence_seconds
         self.agent_boot_grace_seconds = agent_boot_grace_seconds
         self.agent_report_seconds = agent_report_seconds
+        # Broker seconds an unknown tagged instance must have run before reconcile ends it.
+        self.reconcile_min_age_seconds = reconcile_min_age_seconds
 
     def _session(self) -> Session:
         return open_session(self.engine)
@@ -218,8 +221,9 @@ class Runner:
 
     @property
     def lease_seconds(self) -> float:
-        """The spend lease an attempt is granted at each renewal (broker seconds)."""
-        return self.controls.lease(self.tick_seconds * clock.scale())
+        """The spend lease an attempt is granted at each renewal (broker seconds; ticks at
+        the clock's starting scale, so a lowered scale lengthens it in wall time)."""
+        return self.controls.lease(self.tick_seconds * clock.nominal_scale())
 
     @property
     def tick_hours(self) -> float:
@@ -272,8 +276,9 @@ class Runner:
         """Renew, or stop, every running attempt whose spend lease ends within the renewal
         window, nearest first (``spend_control``); returns how many were due."""
         tick = self.tick_seconds * clock.scale()
+        window = self.controls.renew_ticks * self.tick_seconds * clock.nominal_scale()
         with self._session() as session:
-            due = leases_due(session, clock.now(), self.controls.renew_ticks * tick)
+            due = leases_due(session, clock.now(), window)
             for attempt_id in due:
                 stopped = lifecycle.accrue(
                     session, attempt_id, clock.now(), 2 * tick, lease_seconds=self.lease_seconds
@@ -314,7 +319,6 @@ class Runner:
             if attempt.status == LAUNCHING:
                 self._launch_attempt(session, job, attempt)
                 return
-            now = clock.now()
             ref = InstanceRef(
                 attempt.provider, attempt.region, attempt.zone, attempt.instance_id or ""
             )
@@ -327,6 +331,13 @@ class Runner:
                 PROVIDER_ERRORS.labels(attempt.provider, "transient").inc()
                 log.info("describe failed, next tick: %s", error, extra={"attempt_id": attempt_id})
                 return
+            # Every decision below stands at the observation's time: when the cloud answered
+            # (on a loaded scaled clock a describe can take broker-minutes), not when the
+            # tick asked for it nor when the task began.
+            now = clock.now()
+            session.refresh(attempt)  # what the agent reported up to the observation
+            if attempt.status != RUNNING:
+                return  # it ended meanwhile (the agent's exit report, a cancel)
             if state is None or state.status in ("terminated", "preempted"):
                 lifecycle.preempted(session, attempt_id, now)
                 calibrate(self.planning, session, attempt_id)
@@ -429,11 +440,6 @@ class Runner:
 
     def reconcile(self) -> ReconcileReport:
         """Terminate orphans; mark attempts whose instance is gone (``services.reconcile``)."""
-        return reconcile(self.engine, self.providers, self._regions)
-
-    def _regions(self, provider: str) -> list[str]:
-        adapter = self.providers[provider]
-        regions = getattr(adapter, "regions", None)
-        if regions:
-            return list(regions)
-        return sorted({zone.rsplit("-", 1)[0] for zone in getattr(adapter, "zones", [])})
+        return reconcile(
+            self.engine, self.providers, min_age_seconds=self.reconcile_min_age_seconds
+        )

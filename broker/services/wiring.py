@@ -43,4 +43,5 @@ def get_runner() -> Runner:
         agent_silence_seconds=settings.agent_silence_seconds,
         agent_boot_grace_seconds=settings.agent_boot_grace_seconds,
         agent_report_seconds=settings.agent_report_seconds,
+        reconcile_min_age_seconds=settings.reconcile_min_age_seconds,
     )

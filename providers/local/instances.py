@@ -201,7 +201,7 @@ class LocalInstances:
         """The whole environment of an instance's boot script: nothing of the broker's."""
         base = self.instance_url(record.instance_id)
         host_path = os.environ.get("PATH", os.defpath)  # the host's tools (bash, curl, tar)
-        return {
+        env = {
             "PATH": os.pathsep.join([os.path.dirname(sys.executable), host_path]),
             "HOME": str(record.directory),
             "LANG": os.environ.get("LANG") or "C.UTF-8",
@@ -210,6 +210,10 @@ class LocalInstances:
             "BROKER_METADATA_URL": base,
             "BROKER_LOCAL_PACE_URL": f"{base}/broker-local/pace",
         }
+        schedule = getattr(self._clock, "path", None)
+        if schedule is not None:  # the agent holds its lease on the clock's schedule
+            env["BROKER_CLOCK_SCHEDULE"] = str(schedule)
+        return env
 
     def get(self, instance_id: str) -> LocalInstance | None:
         """The record of an instance started here, or None."""

@@ -125,7 +125,7 @@ class LightRunner:
             return
         spec = play.spec
         assert spec is not None
-        scale = float(spec.get("clock_scale") or self.instances.scale())
+        scale = self.instances.scale()  # now: the stack may have lowered it since the spec
         if play.record.reclaim_at is not None:
             self._checkpoint(play)
             self._post(play, "preempted", {"reason": "spot interruption notice"})
@@ -153,7 +153,7 @@ class LightRunner:
             return False
         response.raise_for_status()
         spec = response.json()
-        scale = float(spec.get("clock_scale") or self.instances.scale())
+        scale = self.instances.scale()
         play.spec = spec
         play.work = float(spec.get("start_work") or 0.0)
         play.ready_at = now + self.restore_seconds / scale

@@ -1,0 +1,98 @@
+"""The pacer lowers the clock's scale when the control loop's lag log says it runs late in
+broker time for a sustained while, never for a short spike, never below its floor."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from broker.clock import ScheduleClock, read_schedule, start_schedule
+from broker.devstack.pacing import Pacer, record_lag
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def pacer(tmp_path: Path) -> Pacer:
+    schedule = tmp_path / "clock_schedule"
+    start_schedule(schedule, 900.0, datetime.now(UTC))
+    return Pacer(schedule, tmp_path / "loop_lag", floor=225.0, limit_seconds=600.0)
+
+
+def run_loop(pacer: Pacer, start: float, seconds: int, delay: float) -> list[float]:
+    """A loop ticking once a wall second from ``start`` whose tasks start ``delay`` wall
+    seconds late, as the workers log it; the scales the pacer set on the way."""
+    lowered = []
+    for second in range(seconds):
+        wall = start + second
+        record_lag(pacer.lag_log, "tick", delay, wall=wall)
+        record_lag(pacer.lag_log, "observe", delay * 1.5, wall=wall)
+        if (segment := pacer.poll(wall=wall)) is not None:
+            lowered.append(segment[2])
+    return lowered
+
+
+def test_a_loop_on_time_keeps_the_scale(pacer: Pacer) -> None:
+    # 0.3 wall seconds is 270 broker seconds at x900: within the limit.
+    assert run_loop(pacer, time.time(), 30, 0.3) == []
+    assert ScheduleClock(pacer.schedule).scale == 900.0
+
+
+def test_a_short_spike_keeps_the_scale(pacer: Pacer) -> None:
+    start, spike = time.time(), int(pacer.sustain_seconds / 2)
+    assert run_loop(pacer, start, spike, 3.0) == []
+    assert run_loop(pacer, start + spike, 20, 0.2) == []
+
+
+def test_a_lagging_loop_halves_the_scale_down_to_the_floor(pacer: Pacer) -> None:
+    start = time.time()
+    # 2 wall seconds late is 1800 broker seconds at x900, 900 at x450, 450 at x225.
+    lowered = run_loop(pacer, start, 60, 2.0)
+    assert lowered == [450.0, 225.0]
+    segments = read_schedule(pacer.schedule)
+    assert [s[2] for s in segments] == [900.0, 450.0, 225.0]
+    assert pacer.changes == segments[1:]
+    # Each change waited for a full window of lag measured after the one before.
+    assert segments[2][0] - segments[1][0] >= pacer.sustain_seconds
+
+
+def test_a_loop_so_late_it_starts_nothing_counts_as_lagging(pacer: Pacer) -> None:
+    start = time.time()
+    assert run_loop(pacer, start, 3, 0.1) == []
+    # Then silence: no task starts (a starved worker logs nothing until it catches up).
+    lowered = [pacer.poll(wall=start + 3 + second) for second in range(8)]
+    assert [segment[2] for segment in lowered if segment is not None] == [450.0]
+
+
+def test_the_pacer_reads_only_whole_lines_and_survives_an_emptied_log(pacer: Pacer) -> None:
+    start = time.time()
+    with open(pacer.lag_log, "a") as log:
+        log.write(f"{start:.3f} 5.0")  # a line still being written
+    assert pacer.poll(wall=start) is None
+    with open(pacer.lag_log, "a") as log:
+        log.write(" tick\n")
+    pacer.lag_log.write_text("")  # emptied: the pacer starts from the top again
+    assert run_loop(pacer, start, 8, 2.0) == [450.0]
+
+
+def test_the_tick_counts_the_observations_still_waiting(tmp_path: Path) -> None:
+    # No worker: what the tick's waiting_tasks() counts is what was sent and never taken.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
+    env["BROKER_DATA_DIR"] = str(tmp_path)  # kombu's file-system transport in there
+    code = (
+        "from tasks.control_loop import observe, waiting_tasks\n"
+        "print(waiting_tasks())\n"
+        "for n in range(3): observe.apply_async((f'a-{n}',), expires=60)\n"
+        "print(waiting_tasks())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0", "3"]
