@@ -118,7 +118,8 @@ def _aws_case(cloud: LocalCloud) -> ProviderCase:
             )
         )
         found = set()
-        for reservation in client.describe_instances()["Reservations"]:
+        pages = client.get_paginator("describe_instances").paginate()  # moto: 100 a page
+        for reservation in (r for page in pages for r in page["Reservations"]):
             for instance in reservation["Instances"]:
                 keys = {t["Key"] for t in instance.get("Tags", [])}
                 if "broker-job" in keys and instance["State"]["Name"] != "terminated":
