@@ -27,6 +27,14 @@ UNREACHABLE = 1e12  # cost of a state that cannot finish by the deadline (finite
 NONE, SPOT, ON_DEMAND = 0, 1, 2  # ``broker.core.policy.Instance`` values
 
 
+TIE_TOLERANCE = 1e-9  # relative; far above BLAS rounding, far below any real cost difference
+
+
+def _no_worse(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a <= b up to float noise."""
+    return a <= b + TIE_TOLERANCE * np.maximum(1.0, np.abs(b))
+
+
 @dataclass(frozen=True)
 class SpotPlan:
     """Per (step, chain, instance held, chain state, waste): the instance to hold (int8)."""
@@ -171,9 +179,11 @@ def solve(
         }
         values = {}
         for held, ((v0, k0), (v1, k1), (v2, k2)) in options.items():
-            first = v0 <= np.minimum(v1, v2)  # ties keep what is held, then the earlier choice
+            # ties (within float noise, which varies with the BLAS kernel) keep what is held,
+            # then the earlier choice, so a plan does not depend on the machine
+            first = _no_worse(v0, np.minimum(v1, v2))
             best = np.minimum(np.minimum(v0, np.minimum(v1, v2)), UNREACHABLE)
-            kinds = np.where(first, k0, np.where(v1 <= v2, k1, k2)).astype(np.int8)
+            kinds = np.where(first, k0, np.where(_no_worse(v1, v2), k1, k2)).astype(np.int8)
             best[..., done] = 0.0
             best[..., width:] = UNREACHABLE
             if held == SPOT:

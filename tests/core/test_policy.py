@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -117,6 +119,20 @@ def test_broker_waits_out_outages_its_history_says_are_short_and_not_long_ones()
     assert POLICIES["broker"](short.with_(hours_to_deadline=40.45)).action is Action.CONTINUE
     # ... and at the last moment it can wait no longer either way
     assert POLICIES["broker"](short.with_(hours_to_deadline=40.25)).action is Action.ON_DEMAND
+
+
+def test_a_plan_does_not_change_with_float_noise_of_the_size_blas_kernels_differ_by() -> None:
+    # costs that tie exactly (e.g. a job with spot and on-demand at one price) must break the
+    # same way whatever the last bits of a matrix product are
+    history = history_of(6.0, 0.3, 0.1).zones[ZONES[0]]
+    chain = fit_chain(history.up_runs, history.down_runs, 0.1)
+    rng = np.random.default_rng(7)
+    noisy = dataclasses.replace(
+        chain, matrix=chain.matrix * (1 + 1e-14 * rng.standard_normal(chain.matrix.shape))
+    )
+    for od_price in (0.92, 3.06):
+        plans = [solve([c], 60, 90, 2, 0.92, od_price) for c in (chain, noisy)]
+        assert np.array_equal(plans[0].want, plans[1].want)
 
 
 def test_a_zone_seen_briefly_borrows_the_fleets_hazards_and_one_seen_long_keeps_its_own() -> None:
