@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+from kombu.exceptions import ChannelError
+
 from broker import clock
 from broker.db.engine import open_session
 from broker.faults import fault_point
@@ -46,14 +48,19 @@ def observe(attempt_id: str) -> None:
 
 def waiting_tasks() -> int:
     """Messages waiting in the workers' main queue (a passive declare: every transport
-    counts them); 0 when it cannot tell (say, the queue is not declared yet)."""
+    counts them); 0 when there is no such queue (Redis keeps none while it is empty) or
+    when it cannot tell."""
     try:
         with app.connection_for_write() as connection:
             queue = get_settings().celery_queue
             declared = connection.default_channel.queue_declare(queue, passive=True)
             return int(declared.message_count)
-    except Exception:  # a count to pace the fan-out, never a reason to skip the tick
-        log.warning("could not count the waiting tasks", exc_info=True)
+    except ChannelError as error:
+        if str(getattr(error, "reply_code", "")) != "404":  # 404: no such queue yet
+            log.warning("could not count the waiting tasks: %s", error)
+        return 0
+    except Exception as error:  # a count to pace the fan-out, never a reason to skip the tick
+        log.warning("could not count the waiting tasks: %s", error)
         return 0
 
 

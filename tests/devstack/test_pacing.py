@@ -4,9 +4,11 @@ broker time for a sustained while, never for a short spike, never below its floo
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -81,10 +83,24 @@ def test_the_pacer_reads_only_whole_lines_and_survives_an_emptied_log(pacer: Pac
     assert run_loop(pacer, start, 8, 2.0) == [450.0]
 
 
-def test_the_tick_counts_the_observations_still_waiting(tmp_path: Path) -> None:
+def _redis_url() -> str:
+    url = "redis://127.0.0.1:6379/0"
+    try:
+        socket.create_connection(("127.0.0.1", 6379), timeout=1).close()
+    except OSError:
+        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    return url
+
+
+@pytest.mark.parametrize("transport", ["filesystem", "redis"])
+def test_the_tick_counts_the_observations_still_waiting(tmp_path: Path, transport: str) -> None:
     # No worker: what the tick's waiting_tasks() counts is what was sent and never taken.
+    # Redis keeps no queue while it is empty: that counts as 0 waiting, quietly.
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
     env["BROKER_DATA_DIR"] = str(tmp_path)  # kombu's file-system transport in there
+    if transport == "redis":
+        env["BROKER_CELERY_BROKER_URL"] = _redis_url()
+        env["BROKER_CELERY_QUEUE"] = f"broker-test-{uuid.uuid4().hex[:8]}"
     code = (
         "from tasks.control_loop import observe, waiting_tasks\n"
         "print(waiting_tasks())\n"
@@ -96,3 +112,4 @@ def test_the_tick_counts_the_observations_still_waiting(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["0", "3"]
+    assert "could not count" not in done.stderr
