@@ -86,6 +86,9 @@ class Plan:
     on_demand_fallback: bool = False
     price_observed_at: datetime | None = None  # None: the bundled snapshot's price
     price_source: str = BUNDLED
+    # A gang: ``nodes`` identical instances of the offer in its zone, each with
+    # ``gpu_count`` GPUs; ``price_per_hour_micros`` and the costs are the whole gang's.
+    nodes: int = 1
 
 
 @dataclass(frozen=True)

@@ -113,10 +113,15 @@ class Attempt(SQLModel, table=True):
     zone: str = Field(max_length=40)
     instance_type: str = Field(max_length=60)
     gpu: str = Field(max_length=40)
-    gpu_count: int
+    gpu_count: int  # per node
     market: str = Field(max_length=10)
-    price_micros_per_hour: int = _micros()
-    instance_id: str | None = Field(default=None, max_length=100)
+    price_micros_per_hour: int = _micros()  # the whole gang's: nodes x the instance's price
+    instance_id: str | None = Field(default=None, max_length=100)  # node 0's
+    # A gang (multi-node attempt): ``nodes`` identical instances in one zone, each in
+    # ``attempt_node``; node 0's agent reports where the program's rendezvous listens.
+    nodes: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
+    master_addr: str | None = Field(default=None, max_length=100)
+    master_port: int | None = None
     status: str = Field(max_length=20, index=True)  # launching | running | ended
     token_hash: str = Field(max_length=64)
     work_at_start: float = 0.0
@@ -138,6 +143,21 @@ class Attempt(SQLModel, table=True):
         default=0, sa_column=Column(BigInteger, nullable=False, server_default="0")
     )
     log_chunks: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    created_at: datetime = _ts()
+
+
+class AttemptNode(SQLModel, table=True):
+    """One instance of a gang attempt (``Attempt.nodes > 1``): its rank and cloud id.
+
+    Rank 0's instance id is also ``Attempt.instance_id``. A row is written as each node's
+    launch returns, so a partial gang's instances are known and terminated.
+    """
+
+    __tablename__ = "attempt_node"
+
+    attempt_id: str = Field(foreign_key="attempt.id", primary_key=True, max_length=40)
+    rank: int = Field(primary_key=True)
+    instance_id: str | None = Field(default=None, max_length=100)
     created_at: datetime = _ts()
 
 

@@ -212,6 +212,7 @@ def begin_attempt(
         instance_type=plan.instance_type,
         gpu=plan.gpu,
         gpu_count=plan.gpu_count,
+        nodes=plan.nodes,
         market=plan.market,
         price_micros_per_hour=plan.price_per_hour_micros,
         status=LAUNCHING,

@@ -21,7 +21,8 @@ from broker.db.models import Job
 class ChosenPlan:
     """An offer on one market with its hourly price (when it was observed and where it came
     from; None: the bundled snapshot), expected time and cost, worst case and odds of
-    meeting the deadline."""
+    meeting the deadline. A gang plan runs ``nodes`` instances of the offer, ``gpu_count``
+    GPUs each; its price and costs are the whole gang's."""
 
     provider: str
     region: str
@@ -37,6 +38,7 @@ class ChosenPlan:
     p_deadline: float
     price_observed_at: datetime | None = None
     price_source: str = BUNDLED
+    nodes: int = 1
 
     @classmethod
     def from_plan(cls, plan: Plan) -> ChosenPlan:
@@ -56,6 +58,7 @@ class ChosenPlan:
             p_deadline=float(plan.p_deadline),
             price_observed_at=plan.price_observed_at,
             price_source=str(plan.price_source),
+            nodes=int(plan.nodes),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -85,6 +88,7 @@ class ChosenPlan:
             p_deadline=float(data["p_deadline"]),
             price_observed_at=datetime.fromisoformat(at) if at else None,
             price_source=data.get("price_source") or BUNDLED,
+            nodes=int(data.get("nodes", 1)),
         )
 
 
