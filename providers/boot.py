@@ -60,8 +60,11 @@ fi
 """
 
 
-def boot_script(api_url: str, attempt_id: str, token: str, provider: str) -> str:
-    """The bash script an instance of ``attempt_id`` boots with (protocol section 4)."""
+def boot_script(
+    api_url: str, attempt_id: str, token: str, provider: str, node_rank: int = 0
+) -> str:
+    """The bash script an instance of ``attempt_id`` boots with (protocol section 4);
+    ``node_rank`` is the instance's rank in a gang (0: the only node, or the master)."""
     if provider not in PROVIDERS:
         raise ValueError(f"provider must be one of {PROVIDERS}, not {provider!r}")
     if not (api_url and attempt_id and token):
@@ -71,6 +74,7 @@ def boot_script(api_url: str, attempt_id: str, token: str, provider: str) -> str
         "BROKER_ATTEMPT_ID": attempt_id,
         "BROKER_AGENT_TOKEN": token,
         "BROKER_PROVIDER": provider,
+        "BROKER_NODE_RANK": str(int(node_rank)),
     }
     lines = [
         "#!/bin/bash",
