@@ -8,14 +8,20 @@ client-side overhead); the broker's team and key are set up through
 ``broker.client.BrokerClient``; its launch tasks go to a scratch data dir's file queue.
 
     python bench/api_submit.py [--jobs 2000] [--concurrency 16] [--pg postgresql+psycopg://...]
+
+``--profile`` instead runs the broker in this process, one request at a time, with the thread
+pool's calls made inline so that cProfile (which sees one thread) sees the whole request, and
+prints the CPU ms per request and the functions that take the most CPU time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
+import pstats
 import secrets
 import socket
 import subprocess
@@ -130,9 +136,91 @@ def broker_headers(url: str, admin: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def inline_thread_pool() -> None:
+    """Make FastAPI's and Starlette's thread-pool calls run inline (profiling only)."""
+    import anyio.to_thread
+    import fastapi.concurrency
+    import fastapi.dependencies.utils
+    import fastapi.routing
+    import starlette.concurrency
+
+    async def run_sync(func, *args, **_):  # type: ignore[no-untyped-def]
+        return func(*args)
+
+    async def run_in_threadpool(func, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return func(*args, **kwargs)
+
+    anyio.to_thread.run_sync = run_sync
+    for module in (starlette.concurrency, fastapi.concurrency, fastapi.routing):
+        module.run_in_threadpool = run_in_threadpool  # type: ignore[attr-defined]
+    fastapi.dependencies.utils.run_in_threadpool = run_in_threadpool  # type: ignore[attr-defined]
+
+
+async def profile_in_process(jobs: int, admin: str) -> None:
+    """Submit ``jobs`` jobs one at a time to the app in this process under cProfile."""
+    from broker.api import create_app
+
+    app = create_app()
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://broker") as client:
+            as_admin = {"Authorization": f"Bearer {admin}"}
+            budget = {"limit": "1000000.00", "period": "month", "alert_at": 0.8}
+            team = await client.post(
+                "/v1/teams", json={"name": "bench", "budget": budget}, headers=as_admin
+            )
+            key = await client.post(
+                f"/v1/teams/{team.json()['id']}/keys", json={"name": "b"}, headers=as_admin
+            )
+            headers = {"Authorization": f"Bearer {key.json()['token']}"}
+            for i in range(100):  # warm up: planning caches, pool connections
+                await client.post("/v1/jobs", json={**SPEC, "name": f"warm-{i}"}, headers=headers)
+            profiler = cProfile.Profile(time.process_time)
+            began = time.process_time()
+            profiler.enable()
+            for i in range(jobs):
+                response = await client.post(
+                    "/v1/jobs", json={**SPEC, "name": f"bench-{i}"}, headers=headers
+                )
+                if response.status_code != 201:
+                    raise RuntimeError(response.text)
+            profiler.disable()
+            used = time.process_time() - began
+    print(
+        f"in-process, under cProfile: {1000 * used / jobs:.2f} ms CPU per request (client included)"
+    )
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+
+
+def profile(jobs: int, pg: str) -> None:
+    """``--profile``: the broker in this process on a fresh database, under cProfile."""
+    url_db, name = fresh_database(pg)
+    scratch = tempfile.TemporaryDirectory(prefix="broker-bench-")
+    admin = "adm_" + secrets.token_hex(16)
+    env = {
+        "BROKER_DATABASE_URL": url_db,
+        "BROKER_ADMIN_TOKEN": admin,
+        "BROKER_DATA_DIR": scratch.name,
+        "BROKER_LOG_LEVEL": "WARNING",
+    }
+    os.environ.update(env)
+    try:
+        from broker.db.engine import create_schema
+
+        create_schema()
+        inline_thread_pool()
+        asyncio.run(profile_in_process(jobs, admin))
+    finally:
+        from broker.db.engine import get_engine
+
+        get_engine().dispose()
+        drop_database(pg, name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--profile", action="store_true", help="profile the broker in-process")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument(
         "--pg",
@@ -141,6 +229,9 @@ def main() -> None:
         ),
     )
     args = parser.parse_args()
+    if args.profile:
+        profile(args.jobs, args.pg)
+        return
 
     results = {}
     scratch_dir = tempfile.TemporaryDirectory(prefix="broker-bench-")

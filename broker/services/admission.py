@@ -8,21 +8,23 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import make_transient_to_detached
 from sqlmodel import Session, select
 
-from broker.core.errors import Conflict, InvalidInput
+from broker.core.errors import BudgetExceeded, Conflict, InvalidInput
 from broker.core.job_status import JobStatus
 from broker.core.money import to_micros
 from broker.core.planner import Plan
+from broker.db.engine import begin_write
 from broker.db.ids import new_id
 from broker.db.models import Job
 from broker.services.job_spec import JobSpec
-from broker.services.job_views import on_demand_only
-from broker.services.ledger import lock_team, reserve
+from broker.services.ledger import lock_and_reserve
 from broker.services.plans import ChosenPlan
 from broker.services.quoting import get_planning, quote_job
-from broker.services.reservations import job_reservation, tick_hours
+from broker.services.reservations import job_reservation, on_demand_only, tick_hours
 from broker.services.workdirs import check_run_workdir
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,23 @@ def _existing(session: Session, team_id: str, key: str, digest: str) -> Job | No
     return job
 
 
+_INSERT_JOB = insert(Job.__table__)  # type: ignore[attr-defined]
+_JOB_COLUMNS = tuple(column.key for column in Job.__table__.columns)  # type: ignore[attr-defined]
+
+
+def _insert(session: Session, job: Job) -> None:
+    """INSERT a new job row with a Core statement: half the CPU of an ORM flush of it (the
+    object joins the session once committed, ``_attach``)."""
+    session.execute(_INSERT_JOB, {key: getattr(job, key) for key in _JOB_COLUMNS})
+
+
+def _attach(session: Session, job: Job) -> Job:
+    """The committed new job, in the session as the persistent row it now is."""
+    make_transient_to_detached(job)
+    session.add(job)
+    return job
+
+
 @dataclass(frozen=True)
 class Admitted:
     """A submission's outcome: the job, whether it was created (False: an earlier submission
@@ -89,8 +108,10 @@ def admit(
     """Admit a job on its best plan: reserve what its policy may spend (``reservation``)
     against the locked team budget and queue it.
 
-    The quote and the reservation are worked out before the team row is locked; the lock
-    covers only the idempotency re-check, the budget check and the inserts.
+    The quote and the reservation are worked out, and the job row inserted, before the team
+    row is locked; the lock covers only the budget check and the reserve entry
+    (``ledger.lock_and_reserve``) and the commit. A concurrent submission with the same
+    Idempotency-Key waits on the job's unique key and then finds this one.
     Raises BudgetExceeded, Conflict or InvalidInput.
     """
     digest = request_hash(spec)  # as submitted: a relative deadline hashes as its span text
@@ -102,6 +123,7 @@ def admit(
     on_demand = plans.cheapest_on_demand
     if idempotency_key and (job := _existing(session, team_id, idempotency_key, digest)):
         return Admitted(job, False)
+    planning = get_planning()
     job = Job(
         id=new_id("job"),
         team_id=team_id,
@@ -113,7 +135,7 @@ def admit(
         deadline=spec.deadline_at,
         max_cost_micros=to_micros(spec.max_cost),
         on_demand_cost_micros=on_demand.expected_cost_micros if on_demand else None,
-        on_demand_only_micros=on_demand_only(spec, on_demand, get_planning().startup_hours),
+        on_demand_only_micros=on_demand_only(spec, on_demand, planning.startup_hours),
         plan=ChosenPlan.from_plan(best).to_json(),
         priority=spec.priority,
         idempotency_key=idempotency_key,
@@ -122,15 +144,14 @@ def admit(
         updated_at=now,
     )
     amount = reservation(session, job, best, on_demand, now)
-    team = lock_team(session, team_id)
-    if idempotency_key and (existing := _existing(session, team_id, idempotency_key, digest)):
-        session.rollback()
-        return Admitted(existing, False)
-    session.add(job)
-    session.flush()
-    reserve(session, team, job, amount, now)
+    begin_write(session)  # SQLite: the write transaction starts here, before the insert
     try:
+        _insert(session, job)
+        lock_and_reserve(session, team_id, job.id, amount, now)
         session.commit()
+    except BudgetExceeded:
+        session.rollback()  # let go of the team row now, not when the session closes
+        raise
     except IntegrityError:
         # A concurrent submission with the same Idempotency-Key won the race.
         session.rollback()
@@ -138,4 +159,4 @@ def admit(
             return Admitted(existing, False)
         raise
     log.info("job queued", extra={"job_id": job.id, "team_id": team_id})
-    return Admitted(job, True, amount)
+    return Admitted(_attach(session, job), True, amount)

@@ -8,14 +8,8 @@ from sqlmodel import Session, col, select
 
 from broker.core.errors import InvalidInput, NotFound
 from broker.core.job_status import JobStatus
-from broker.core.planner import Plan, PlanRequest
-from broker.core.spend import plan_on_demand_only
 from broker.db.models import Attempt, Checkpoint, Job
-from broker.services.billing import MIN_BILLED_SECONDS
-from broker.services.job_spec import JobSpec
 from broker.services.ledger import job_reserved, job_spent
-
-CHECKPOINT_SECONDS_PER_GB = PlanRequest.checkpoint_seconds_per_gb  # the planner's write speed
 
 
 @dataclass(frozen=True)
@@ -77,17 +71,3 @@ def list_jobs(
     jobs = list(session.exec(query.order_by(col(Job.id).desc()).limit(limit + 1)).all())
     next_cursor = jobs[limit - 1].id if len(jobs) > limit else None
     return jobs[:limit], next_cursor
-
-
-def on_demand_only(spec: JobSpec, plan: Plan | None, startup_hours: float) -> int | None:
-    """What ``spec`` would spend on the on-demand ``plan`` alone (the quote's cheapest on-time
-    one), booked as spend is (``broker.core.spend``); None without such a plan."""
-    if plan is None:
-        return None
-    return plan_on_demand_only(
-        plan,
-        startup_hours=startup_hours,
-        interval_hours=spec.checkpoint.interval_minutes / 60.0,
-        write_hours=spec.checkpoint.size_gb * CHECKPOINT_SECONDS_PER_GB / 3600.0,
-        min_billed_seconds=MIN_BILLED_SECONDS.get(plan.provider, 60.0),
-    )

@@ -3,21 +3,26 @@
 A team's available budget is ``limit - spent - reserved``, where ``spent`` counts the current
 period's spend and ``reserved`` what is still held for unfinished jobs. Every function here
 runs inside the caller's transaction; the caller locks the team row first (``lock_team``).
+
+The figures are read with statements built once at import (Core, on the table's columns):
+they run on every submission and every tick, and building or ORM-loading them each time
+was most of their cost. They flush the session first, as an ORM query would.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
-from sqlalchemy import case, func
-from sqlmodel import Session, col, select
+from sqlalchemy import Select, and_, bindparam, case, func, insert, literal, or_, select
+from sqlalchemy.sql.elements import ColumnElement
+from sqlmodel import Session, col
 
 from broker.core.errors import BudgetExceeded, InvalidInput, NotFound
 from broker.core.money import format_usd
 from broker.db.engine import begin_write, is_postgres
-from broker.db.models import Attempt, Job, LedgerEntry, Team
+from broker.db.models import Attempt, Job, LedgerEntry, Team, UTCDateTime
 
 RESERVE, RELEASE, SPEND = "reserve", "release", "spend"
 # Spend past an attempt's lease: real money the broker did not grant (an instance that ran
@@ -54,27 +59,38 @@ def period_start(period: str, now: datetime) -> datetime | None:
     return datetime(now.year, now.month, 1, tzinfo=UTC)
 
 
+_LEDGER = LedgerEntry.__table__  # type: ignore[attr-defined]
+_TEAM = Team.__table__  # type: ignore[attr-defined]
+_AMOUNT = _LEDGER.c.amount_micros
+
+# Row locks on the team are FOR NO KEY UPDATE: they exclude each other (one budget check at a
+# time per team) but not the KEY SHARE lock that inserting a row referencing the team takes,
+# so jobs and ledger entries of the team are inserted while a check holds the row.
+_LOCK_TEAM = select(Team).where(Team.id == bindparam("team_id"))
+_LOCK_TEAM_PG = _LOCK_TEAM.with_for_update(key_share=True)
+
+
 def lock_team(session: Session, team_id: str) -> Team:
-    """Load the team row and hold it for this transaction (FOR UPDATE on PostgreSQL).
+    """Load the team row and hold it for this transaction (FOR NO KEY UPDATE on PostgreSQL).
 
     On SQLite the transaction becomes a write transaction that holds the database lock.
     """
     begin_write(session)
-    statement = select(Team).where(Team.id == team_id)
-    if is_postgres(session):
-        statement = statement.with_for_update()
-    team = session.exec(statement).first()
+    statement = _LOCK_TEAM_PG if is_postgres(session) else _LOCK_TEAM
+    team = session.execute(
+        statement, {"team_id": team_id}, execution_options={"populate_existing": True}
+    ).scalar()
     if team is None:
         raise NotFound(f"team {team_id} not found")
     return team
 
 
-def _signed_reserved() -> object:
+def _signed_reserved() -> ColumnElement[Any]:
     return func.coalesce(
         func.sum(
             case(
-                (LedgerEntry.kind == RESERVE, LedgerEntry.amount_micros),
-                (LedgerEntry.kind == RELEASE, -LedgerEntry.amount_micros),
+                (_LEDGER.c.kind == RESERVE, _AMOUNT),
+                (_LEDGER.c.kind == RELEASE, -_AMOUNT),
                 else_=0,
             )
         ),
@@ -82,40 +98,100 @@ def _signed_reserved() -> object:
     )
 
 
+def _spent_in_period(since_start: bool) -> ColumnElement[Any]:
+    spent: ColumnElement[bool] = or_(*(_LEDGER.c.kind == kind for kind in SPENT_KINDS))
+    if since_start:
+        start = bindparam("start", type_=UTCDateTime())
+        spent = and_(spent, _LEDGER.c.created_at >= start)
+    return func.coalesce(func.sum(case((spent, _AMOUNT), else_=0)), 0)
+
+
+def _team_sums(since_start: bool) -> Select[Any]:
+    return select(_spent_in_period(since_start), _signed_reserved()).where(
+        _LEDGER.c.team_id == bindparam("team_id")
+    )
+
+
+# Keyed by "the budget has a period start" (False: a "total" budget).
+_TEAM_SUMS = {since: _team_sums(since) for since in (False, True)}
+
+
+def _reserve_if_fits(since_start: bool) -> Any:
+    """INSERT a reserve entry only when it fits in the team's budget, in one statement (the
+    check reads the ledger as of this statement: run it after the team row is locked)."""
+    limit = bindparam("limit", type_=_AMOUNT.type)
+    available = (
+        select(limit - _spent_in_period(since_start) - _signed_reserved())
+        .where(_LEDGER.c.team_id == bindparam("team_id"))
+        .scalar_subquery()
+    )
+    amount = bindparam("amount", type_=_AMOUNT.type)
+    row = select(
+        bindparam("team_id", type_=_LEDGER.c.team_id.type),
+        bindparam("job_id", type_=_LEDGER.c.job_id.type),
+        literal(RESERVE, type_=_LEDGER.c.kind.type),
+        amount,
+        bindparam("now", type_=UTCDateTime()),
+    ).where(amount <= available)
+    columns = ["team_id", "job_id", "kind", "amount_micros", "created_at"]
+    return insert(_LEDGER).from_select(columns, row).returning(_LEDGER.c.id)
+
+
+_RESERVE_IF_FITS = {since: _reserve_if_fits(since) for since in (False, True)}
+
+_LOCK_FOR_ADMISSION = select(
+    _TEAM.c.name, _TEAM.c.budget_limit_micros, _TEAM.c.budget_period
+).where(_TEAM.c.id == bindparam("team_id"))
+_LOCK_FOR_ADMISSION_PG = _LOCK_FOR_ADMISSION.with_for_update(key_share=True)
+
+_JOB_RESERVED = select(_signed_reserved()).where(
+    _LEDGER.c.job_id == bindparam("job_id"),
+    or_(_LEDGER.c.kind == RESERVE, _LEDGER.c.kind == RELEASE),
+)
+_JOB_SPENT = select(func.coalesce(func.sum(_AMOUNT), 0)).where(
+    _LEDGER.c.job_id == bindparam("job_id"),
+    or_(*(_LEDGER.c.kind == kind for kind in SPENT_KINDS)),
+)
+
+
+def _read(session: Session, statement: Any, params: dict[str, Any]) -> Any:
+    """Run a prebuilt Core statement in the session's transaction, after an autoflush."""
+    if session.autoflush:
+        session.flush()
+    return session.execute(statement, params)
+
+
+def _figures(
+    session: Session, team_id: str, limit: int, period: str, alert_at: float, now: datetime
+) -> BudgetFigures:
+    start = period_start(period, now)
+    params: dict[str, Any] = {"team_id": team_id, "start": start}
+    spent, reserved = _read(session, _TEAM_SUMS[start is not None], params).one()
+    return BudgetFigures(
+        limit=limit,
+        period=period,
+        period_start=start,
+        spent=int(spent),
+        reserved=int(reserved),
+        alert_at=alert_at,
+    )
+
+
 def team_budget(session: Session, team: Team, now: datetime) -> BudgetFigures:
     """Limit, period spend and outstanding reservations of ``team`` at ``now`` (one query)."""
-    start = period_start(team.budget_period, now)
-    in_period = col(LedgerEntry.kind).in_(SPENT_KINDS)
-    if start is not None:
-        in_period = in_period & (LedgerEntry.created_at >= start)
-    spent = func.coalesce(func.sum(case((in_period, LedgerEntry.amount_micros), else_=0)), 0)
-    spent_micros, reserved_micros = session.exec(
-        select(spent, _signed_reserved()).where(LedgerEntry.team_id == team.id)
-    ).one()
-    return BudgetFigures(
-        limit=team.budget_limit_micros,
-        period=team.budget_period,
-        period_start=start,
-        spent=int(spent_micros),
-        reserved=int(reserved_micros),
-        alert_at=team.alert_at,
+    return _figures(
+        session, team.id, team.budget_limit_micros, team.budget_period, team.alert_at, now
     )
 
 
 def job_reserved(session: Session, job_id: str) -> int:
     """What is still reserved for a job."""
-    query = select(_signed_reserved()).where(
-        LedgerEntry.job_id == job_id, LedgerEntry.kind.in_((RESERVE, RELEASE))
-    )
-    return int(session.exec(query).one())
+    return int(_read(session, _JOB_RESERVED, {"job_id": job_id}).scalar_one())
 
 
 def job_spent(session: Session, job_id: str) -> int:
     """Everything booked as spend for a job."""
-    query = select(func.coalesce(func.sum(LedgerEntry.amount_micros), 0)).where(
-        LedgerEntry.job_id == job_id, col(LedgerEntry.kind).in_(SPENT_KINDS)
-    )
-    return int(session.exec(query).one())
+    return int(_read(session, _JOB_SPENT, {"job_id": job_id}).scalar_one())
 
 
 def _entry(
@@ -131,17 +207,69 @@ def _entry(
     )
 
 
-def reserve(session: Session, team: Team, job: Job, amount: int, now: datetime) -> None:
-    """Hold ``amount`` of the (locked) team's budget for ``job``, or raise BudgetExceeded."""
+def _reserve(
+    session: Session,
+    team_id: str,
+    team_name: str,
+    limit: int,
+    period: str,
+    job_id: str,
+    amount: int,
+    now: datetime,
+) -> None:
+    """The reserve entry, inserted only if ``amount`` fits (one statement), else
+    BudgetExceeded naming what is available."""
     if amount < 0:
         raise ValueError("a reservation cannot be negative")
-    figures = team_budget(session, team, now)
-    if amount > figures.available:
-        raise BudgetExceeded(
-            f"team {team.name} has {format_usd(max(figures.available, 0))} USD available, "
-            f"this job needs {format_usd(amount)} USD"
-        )
-    session.add(_entry(team.id, job.id, None, RESERVE, amount, now))
+    start = period_start(period, now)
+    params = {
+        "team_id": team_id,
+        "job_id": job_id,
+        "amount": amount,
+        "now": now,
+        "limit": limit,
+        "start": start,
+    }
+    if _read(session, _RESERVE_IF_FITS[start is not None], params).first() is not None:
+        return
+    available = _figures(session, team_id, limit, period, 0.0, now).available
+    raise BudgetExceeded(
+        f"team {team_name} has {format_usd(max(available, 0))} USD available, "
+        f"this job needs {format_usd(amount)} USD"
+    )
+
+
+def reserve(session: Session, team: Team, job: Job, amount: int, now: datetime) -> None:
+    """Hold ``amount`` of the (locked) team's budget for ``job``, or raise BudgetExceeded."""
+    _reserve(
+        session,
+        team.id,
+        team.name,
+        team.budget_limit_micros,
+        team.budget_period,
+        job.id,
+        amount,
+        now,
+    )
+
+
+def lock_and_reserve(
+    session: Session, team_id: str, job_id: str, amount: int, now: datetime
+) -> None:
+    """Lock the team row, then hold ``amount`` of its budget for the job ``job_id`` (already
+    flushed), or raise BudgetExceeded: admission's serial section, two statements.
+
+    The reservation is checked by a statement of its own after the lock is granted, so
+    that it reads what the previous holder of the lock committed (a statement that waited
+    for a lock still reads the data as of its start).
+    """
+    begin_write(session)
+    statement = _LOCK_FOR_ADMISSION_PG if is_postgres(session) else _LOCK_FOR_ADMISSION
+    team = session.execute(statement, {"team_id": team_id}).first()
+    if team is None:
+        raise NotFound(f"team {team_id} not found")
+    name, limit, period = team
+    _reserve(session, team_id, name, limit, period, job_id, amount, now)
 
 
 def release(session: Session, job: Job, now: datetime, amount: int | None = None) -> int:
@@ -189,7 +317,7 @@ def spend_report(
     else:
         key = Attempt.provider
     query = select(key, func.sum(LedgerEntry.amount_micros)).where(
-        LedgerEntry.team_id == team_id, col(LedgerEntry.kind).in_(SPENT_KINDS)
+        col(LedgerEntry.team_id) == team_id, col(LedgerEntry.kind).in_(SPENT_KINDS)
     )
     if group_by == "provider":
         query = query.join(Attempt, Attempt.id == LedgerEntry.attempt_id, isouter=True)
@@ -197,5 +325,5 @@ def spend_report(
         query = query.where(LedgerEntry.created_at >= start)
     if end is not None:
         query = query.where(LedgerEntry.created_at < end)
-    rows = session.exec(query.group_by(key).order_by(key)).all()
+    rows = session.execute(query.group_by(key).order_by(key)).all()
     return [(str(k) if k is not None else "none", int(v)) for k, v in rows]

@@ -2,13 +2,14 @@
 PostgreSQL, against a real uvicorn server with two workers: the accepted reservations add up
 to at most the budget, exactly; nothing is overspent.
 
-Why it holds: ``admission.submit`` locks the team row (``ledger.lock_team``: SELECT ... FOR
-UPDATE on PostgreSQL) and, in that same transaction, inserts the job, reads the team's
-outstanding reservations and spend (``ledger.team_budget``), writes the reserve entry and
-commits. Every submission for a team therefore checks its budget after the previous one's
-reservation has committed (or rolled back), whichever uvicorn worker, process or connection
-it came through; without the lock two transactions could both see the same "available" and
-both reserve it.
+Why it holds: ``admission.admit`` inserts the job, then locks the team row
+(``ledger.lock_and_reserve``: SELECT ... FOR NO KEY UPDATE on PostgreSQL) and, in that same
+transaction, with a statement that starts once the lock is granted, writes the reserve entry
+only if it fits the team's limit less its outstanding reservations and spend, and commits.
+Every submission for a team therefore checks its budget after the previous one's reservation
+has committed (or rolled back), whichever uvicorn worker, process or connection it came
+through; without the lock two transactions could both see the same "available" and both
+reserve it.
 """
 
 from __future__ import annotations

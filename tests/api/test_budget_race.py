@@ -46,3 +46,28 @@ def test_fifty_concurrent_submissions_accept_exactly_ten(
     with httpx.Client(base_url=live_server, headers=headers) as http:
         budget = http.get("/v1/budget").json()
     assert Decimal(budget["available"]) == 0 and Decimal(budget["reserved"]) == each * 10
+
+
+def test_concurrent_retries_with_one_idempotency_key_make_one_job_and_one_reservation(
+    live_server, make_team, db_engine
+):
+    team, headers = make_team(limit="1000.00")
+    keyed = {**headers, "Idempotency-Key": "retry-storm"}
+    spec = job_spec(name="once")
+
+    def submit(_: int) -> tuple[int, str]:
+        with httpx.Client(base_url=live_server, headers=keyed, timeout=60) as http:
+            response = http.post("/v1/jobs", json=spec)
+            return response.status_code, response.json()["id"]
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        answers = list(pool.map(submit, range(12)))
+
+    codes = [code for code, _ in answers]
+    assert codes.count(201) == 1 and codes.count(200) == 11, codes
+    assert len({job_id for _, job_id in answers}) == 1
+    with Session(db_engine) as session:
+        entries = session.exec(
+            select(func.count()).select_from(LedgerEntry).where(LedgerEntry.team_id == team["id"])
+        ).one()
+    assert entries == 1

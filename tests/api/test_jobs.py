@@ -334,3 +334,28 @@ def test_job_view_shows_the_deadline_outcome_and_the_on_demand_only_cost(
     assert Decimal(shown["saved_vs_on_demand"]) == figure - Decimal(shown["spent"])
     listed = client.get("/v1/jobs", headers=headers).json()["items"]
     assert [(j["id"], j["deadline_met"]) for j in listed] == [(job["id"], False)]
+
+
+def test_a_job_whose_launch_cannot_be_enqueued_is_admitted_and_the_next_tick_launches_it(
+    client, make_team, engine, monkeypatch, caplog
+):
+    from broker.services import dispatch
+    from broker.services.quoting import get_planning
+    from broker.services.runner import Runner
+    from broker.settings import get_settings
+
+    _, headers = make_team()
+    monkeypatch.setenv("BROKER_CELERY_BROKER_URL", "redis://127.0.0.1:1/0")  # nobody listens
+    get_settings.cache_clear()
+    dispatch._client.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="broker.services.dispatch"):
+            response = client.post("/v1/jobs", json=job_spec(), headers=headers)
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+        dispatch._client.cache_clear()
+    assert response.status_code == 201, response.text
+    assert "could not enqueue launch, tick will" in caplog.text
+    tick = Runner(engine, {}, get_planning(), agent_secret="s", api_url="http://x", tick_seconds=1)
+    assert response.json()["id"] in tick.due().launch
