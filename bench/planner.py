@@ -20,8 +20,9 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 
 from broker.bundled import bundled_throughput_model
+from broker.core.node_scaling import MAX_NODES
 from broker.core.offers import Offer, OfferTable
-from broker.core.planner import SPOT_WINDOWS, PlanRequest, PlanSet, rank_plans
+from broker.core.planner import SPOT_WINDOWS, PlanRequest, PlanSet, plan_nodes, rank_plans
 from broker.core.throughput import ThroughputModel, Workload
 from broker.services.job_spec import JobSpec
 from broker.services.quoting import Planning, plan_request
@@ -91,19 +92,24 @@ def random_spec(rng: random.Random, models: list[str]) -> JobSpec:
     )
 
 
-def work_per_hour(spec: JobSpec, table: OfferTable, model: ThroughputModel) -> np.ndarray:
+def work_per_hour(
+    spec: JobSpec, request: PlanRequest, table: OfferTable, model: ThroughputModel
+) -> np.ndarray:
+    """Each row's rate for the plan it serves (a gang's whole, for a gang)."""
     workload = Workload.from_mapping(spec.workload.model_dump(exclude_none=True))
     per = table.gpu_count
-    return model.work_per_hour(workload, table.gpu, per, table.vcpus / per, table.ram_gb / per)
+    nodes = plan_nodes(request, table)
+    return model.work_per_hour(
+        workload, table.gpu, per, table.vcpus / per, table.ram_gb / per, nodes=nodes
+    )
 
 
 # The pure-Python reference: one Offer at a time, the same formulas as broker.core.planner.
 
 
-def _matches(r: PlanRequest, o: Offer) -> bool:
+def _filters(r: PlanRequest, o: Offer) -> bool:
     return (
-        o.gpu_count == r.gpus
-        and (r.gpu_types is None or o.gpu in r.gpu_types)
+        (r.gpu_types is None or o.gpu in r.gpu_types)
         and (r.providers is None or o.provider in r.providers)
         and (r.regions is None or o.region in r.regions)
         and (r.min_gpu_memory_gb is None or o.gpu_memory_gb >= r.min_gpu_memory_gb)
@@ -112,15 +118,32 @@ def _matches(r: PlanRequest, o: Offer) -> bool:
     )
 
 
+def _nodes(r: PlanRequest, offers: list[Offer]) -> list[int]:
+    """Machines per plan of each offer (0: none): ``broker.core.gangs``' rule, one at a time."""
+    eligible = [_filters(r, o) for o in offers]
+    largest = max((o.gpu_count for o, ok in zip(offers, eligible, strict=True) if ok), default=0)
+    found = []
+    for o, ok in zip(offers, eligible, strict=True):
+        if not ok:
+            found.append(0)
+        elif r.nodes is not None or r.gpus <= largest:
+            found.append((r.nodes or 1) if o.gpu_count == r.gpus else 0)
+        else:
+            split, left = divmod(r.gpus, max(o.gpu_count, 1))
+            found.append(split if o.gpu_count > 0 and not left and 2 <= split <= MAX_NODES else 0)
+    return found
+
+
 def _spot_choice(
-    r: PlanRequest, o: Offer, hours: float, lost: float, bound: float = math.inf
+    r: PlanRequest, o: Offer, n: int, hours: float, lost: float, bound: float = math.inf
 ) -> tuple | None:
     """(cost, hours, worst, p, window) of the chosen window, or None if none fits; an auto
-    plan's worst case and cost are capped by ``bound`` (its policy's budget net)."""
+    plan's worst case and cost are capped by ``bound`` (its policy's budget net). ``n``
+    machines: prices and preemption rate ``n x`` the offer's."""
     mu, p_s, p_od = (
-        o.spot_risk * hours,
-        float(o.spot_micros_per_hour),
-        float(o.on_demand_micros_per_hour),
+        o.spot_risk * n * hours,
+        float(o.spot_micros_per_hour) * n,
+        float(o.on_demand_micros_per_hour) * n,
     )
     e, prod, cdf, moment, best = math.exp(-mu), 1.0, 0.0, 0.0, None
     windows = set(SPOT_WINDOWS.tolist())
@@ -158,12 +181,13 @@ def reference_rank(r: PlanRequest, offers: list[Offer], rates: list[float]) -> l
     )
     found = []
     cheapest: tuple[int, float] | None = None  # (cost, hours) of the cheapest on-time od run
+    nodes = _nodes(r, offers)
     for i, o in enumerate(offers):
-        if not _matches(r, o) or rates[i] <= 0 or o.on_demand_micros_per_hour < 0:
+        if not nodes[i] or rates[i] <= 0 or o.on_demand_micros_per_hour < 0:
             continue
         compute = r.total_work / rates[i]
         hours = STARTUP + compute + compute / c * ckpt
-        cost = math.ceil(float(o.on_demand_micros_per_hour) * hours)
+        cost = math.ceil(float(o.on_demand_micros_per_hour) * nodes[i] * hours)
         if hours <= r.deadline_hours and (cheapest is None or cost < cheapest[0]):
             cheapest = (cost, hours)
     bound = math.inf
@@ -172,20 +196,21 @@ def reference_rank(r: PlanRequest, offers: list[Offer], rates: list[float]) -> l
         needed = od_cost / od_hours * (od_hours + r.tick_hours)
         bound = math.ceil(max(needed, 1.5 * od_cost))
     for i, o in enumerate(offers):
-        if not _matches(r, o) or rates[i] <= 0:
+        if not nodes[i] or rates[i] <= 0:
             continue
         compute = r.total_work / rates[i]
         hours = STARTUP + compute + compute / c * ckpt
         lost = c / 2.0 + STARTUP + ckpt
         if r.market != "spot" and o.on_demand_micros_per_hour >= 0:
-            cost = math.ceil(float(o.on_demand_micros_per_hour) * hours)
+            cost = math.ceil(float(o.on_demand_micros_per_hour) * nodes[i] * hours)
             if hours <= r.deadline_hours and cost <= r.max_cost_micros:
                 found.append((cost, hours, i, 0, cost, 1.0))
         spot_ok = o.spot_micros_per_hour >= 0 and (
             r.market == "spot" or o.on_demand_micros_per_hour >= 0
         )
         if r.market != "on_demand" and spot_ok:
-            best = _spot_choice(r, o, hours, lost, bound if r.market == "auto" else math.inf)
+            auto_bound = bound if r.market == "auto" else math.inf
+            best = _spot_choice(r, o, nodes[i], hours, lost, auto_bound)
             if best is not None:
                 found.append((best[0][0], best[1], i, 1, best[2], best[3]))
     found.sort(key=lambda f: f[:4])
@@ -226,9 +251,9 @@ def main() -> None:
     specs = [random_spec(rng, model.known_models()) for _ in range(args.specs)]
     jobs = []
     for spec in specs:
-        rates = work_per_hour(spec, table, model)
         total = Workload.from_mapping(spec.workload.model_dump(exclude_none=True)).total_work
-        jobs.append((spec, plan_request(spec, NOW, total), rates))
+        request = plan_request(spec, NOW, total)
+        jobs.append((spec, request, work_per_hour(spec, request, table, model)))
 
     planning = Planning(table, model, startup_hours=STARTUP)
     for spec, req, rates in jobs[:20]:  # warm-up

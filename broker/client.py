@@ -533,18 +533,29 @@ class BrokerClient:
         headers = {"Content-Type": "application/gzip"}
         return cast(Workdir, self._json("POST", "/v1/workdirs", content=archive, headers=headers))
 
-    def logs(self, job_id: str, attempt: str | None = None, tail: int | None = None) -> str:
+    def logs(
+        self,
+        job_id: str,
+        attempt: str | None = None,
+        tail: int | None = None,
+        node: int | None = None,
+    ) -> str:
         """A job's program output: one ``attempt``'s, or every attempt's after a line
-        ``==> attempt <id> (<zone>, <market>) <==``; ``tail``: the last lines of each."""
-        params = {"attempt": attempt, "tail": tail}
+        ``==> attempt <id> (<zone>, <market>) <==``; ``tail``: the last lines of each;
+        ``node``: a gang node's (default node 0's)."""
+        params = {"attempt": attempt, "tail": tail, "node": node}
         return self.request("GET", f"/v1/jobs/{_id(job_id)}/logs", params=params).text
 
     def follow_logs(
-        self, job_id: str, attempt: str | None = None, tail: int | None = None
+        self,
+        job_id: str,
+        attempt: str | None = None,
+        tail: int | None = None,
+        node: int | None = None,
     ) -> Iterator[str]:
         """``logs``, then the output as it comes, until the job has finished (or the broker's
         ``BROKER_LOG_FOLLOW_SECONDS`` passed): text pieces, not necessarily whole lines."""
-        params = {"attempt": attempt, "tail": tail, "follow": "true"}
+        params = {"attempt": attempt, "tail": tail, "node": node, "follow": "true"}
         query = {k: v for k, v in params.items() if v is not None}
         # No read timeout: a job may be silent for long between two lines.
         timeout = httpx.Timeout(self.timeout, read=None)

@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 # before_ack: a task's work is committed, Celery has not acknowledged the message.
 # mid_settle: a job's final settlement is written but not committed.
 # before_settle: a finished job is about to be settled.
-STEPS = ("after_launch", "before_ack", "mid_settle", "before_settle")
+# between_nodes: a gang's node is launched and recorded, the next node is not launched yet.
+STEPS = ("after_launch", "before_ack", "mid_settle", "before_settle", "between_nodes")
 
 
 def fault_point(step: str) -> None:

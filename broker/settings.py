@@ -69,6 +69,12 @@ class Settings(BaseSettings):
         default="broker", max_length=100, description="Queue the broker's tasks go through."
     )
     tick_seconds: float = Field(default=5.0, gt=0, description="Beat interval of tick (wall s).")
+    observe_batch_size: int = Field(
+        default=100,
+        ge=1,
+        le=1000,
+        description="Live attempts one observe task takes: one describe per region for all.",
+    )
     reconcile_seconds: float = Field(default=30.0, gt=0)
     reconcile_min_age_seconds: float = Field(
         default=600.0,

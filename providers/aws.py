@@ -137,6 +137,7 @@ class AwsProvider:
         self._retry = retry or RetryPolicy()
         self._clients: dict[tuple[str, str], Any] = {}
         self._zones: dict[str, dict[str, str]] = {}
+        self._placement_groups: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self.setup = LaunchSetup(
             self._client,
@@ -184,6 +185,9 @@ class AwsProvider:
                 {"ResourceType": "volume", "Tags": tag_list},
             ],
         }
+        if request.placement_group:
+            self.placement_group(request.region, request.placement_group)
+            params["Placement"]["GroupName"] = request.placement_group
         if request.boot_script:
             params["UserData"] = request.boot_script  # boto3 base64-encodes it
         if self.instance_profile:
@@ -204,6 +208,33 @@ class AwsProvider:
             extra={"attempt_id": request.token, "instance_id": instance["InstanceId"]},
         )
         return InstanceRef("aws", request.region, zone, instance["InstanceId"])
+
+    def placement_group(self, region: str, name: str) -> None:
+        """Make sure the cluster placement group ``name`` exists in ``region`` (a gang's
+        instances launch into it, close together); created once, an existing one is kept."""
+        with self._lock:
+            if (region, name) in self._placement_groups:
+                return
+        client = self._client(region)
+        try:
+            self._call(
+                "CreatePlacementGroup",
+                lambda: client.create_placement_group(
+                    GroupName=name,
+                    Strategy="cluster",
+                    TagSpecifications=[
+                        {
+                            "ResourceType": "placement-group",
+                            "Tags": [{"Key": MANAGED_TAG, "Value": "gang"}],
+                        }
+                    ],
+                ),
+            )
+        except ProviderError as error:
+            if "InvalidPlacementGroup.Duplicate" not in str(error):
+                raise
+        with self._lock:
+            self._placement_groups.add((region, name))
 
     def describe(self, ref: InstanceRef) -> InstanceState:
         """Status from DescribeInstances; a spot interruption shows as ``preempted``."""

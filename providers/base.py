@@ -16,6 +16,7 @@ InstanceStatus = Literal["pending", "running", "terminated", "preempted"]
 TAG_JOB = "broker-job"
 TAG_ATTEMPT = "broker-attempt"
 TAG_TEAM = "broker-team"
+TAG_NODE = "broker-node"  # a gang node's rank ("0".."N-1"); absent on a single instance
 # Presence of this tag (label on GCP) is what makes an instance "managed by the broker".
 MANAGED_TAG = TAG_JOB
 
@@ -65,7 +66,9 @@ class LaunchRequest:
 
     ``boot_script`` (``providers.boot``) is what the instance runs at boot: EC2 user data,
     GCE metadata ``startup-script``; empty launches a machine that runs nothing of ours.
-    It carries the attempt's agent token, so it is never logged.
+    It carries the attempt's agent token, so it is never logged. ``placement_group``: the
+    name of the placement a gang's instances share to sit close together (an EC2 cluster
+    placement group, created on first use; GCE has no equivalent here and ignores it).
     """
 
     token: str
@@ -78,6 +81,7 @@ class LaunchRequest:
     gpu_count: int = 1
     tags: dict[str, str] = field(default_factory=dict)
     boot_script: str = field(default="", repr=False)
+    placement_group: str | None = None
 
     def __post_init__(self) -> None:
         if not self.token:

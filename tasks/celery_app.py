@@ -44,7 +44,11 @@ def _forget_process(pid: int | None = None, **_: Any) -> None:
 
 
 # The tasks whose start delay measures the control loop: the beat's tick and its fan-out.
-PACED_TASKS = {"tasks.control_loop.tick": "tick", "tasks.control_loop.observe": "observe"}
+PACED_TASKS = {
+    "tasks.control_loop.tick": "tick",
+    "tasks.control_loop.observe": "observe",
+    "tasks.control_loop.observe_batch": "observe",
+}
 
 
 @signals.before_task_publish.connect

@@ -46,6 +46,20 @@ def observe(attempt_id: str) -> None:
     fault_point("before_ack")
 
 
+@app.task
+def observe_batch(attempt_ids: list[str]) -> int:
+    """Poll a batch of attempts: one describe per provider and region, then each decided."""
+    with TICK_SECONDS.labels("observe").time():
+        regions = get_runner().observe_many([str(a) for a in attempt_ids])
+    fault_point("before_ack")
+    return regions
+
+
+def batches(items: list[str], size: int) -> list[list[str]]:
+    """``items`` in consecutive batches of at most ``size``."""
+    return [items[i : i + size] for i in range(0, len(items), max(1, size))]
+
+
 def waiting_tasks() -> int:
     """Messages waiting in the workers' main queue (a passive declare: every transport
     counts them); 0 when there is no such queue (Redis keeps none while it is empty) or
@@ -75,14 +89,15 @@ def tick() -> dict[str, int]:
         # When the workers have not taken the last round, another one only piles stale
         # duplicates on it (launches among them expire unseen): skip it. The loop then lags,
         # its lag log says so and the embedded stack slows its clock.
-        fanout = len(due.observe) + len(due.launch)
+        rounds = batches(due.observe, get_settings().observe_batch_size)
+        fanout = len(rounds) + len(due.launch)
         if fanout and waiting_tasks() >= fanout:
-            due.observe, due.launch = [], []
+            rounds, due.observe, due.launch = [], [], []
         # A tick's fan-out is stale a few ticks later: drop what no worker took by then, so a
         # slow worker does not work through a backlog of duplicates.
         expires = 3 * runner.tick_seconds + 5.0
-        for attempt_id in due.observe:
-            observe.apply_async((attempt_id,), expires=expires)
+        for batch in rounds:
+            observe_batch.apply_async((batch,), expires=expires)
         for job_id in due.launch:
             launch.apply_async((job_id,), expires=expires)
     return {"leases": renewed, "observe": len(due.observe), "launch": len(due.launch)}

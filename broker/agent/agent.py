@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The broker's agent: runs one attempt's program on a training instance and speaks for it.
 
-The boot script exports BROKER_API_URL, BROKER_ATTEMPT_ID, BROKER_AGENT_TOKEN and
-BROKER_PROVIDER and runs this file with python3 (standard library only, Python 3.8+).
+The boot script exports BROKER_API_URL, BROKER_ATTEMPT_ID, BROKER_AGENT_TOKEN,
+BROKER_PROVIDER and BROKER_NODE_RANK and runs this file with python3 (standard library only,
+Python 3.8+).
 
 1. Prepare: fetch the run spec (GET /v1/attempts/{id}/run); make $dir/checkpoint (the
    program's BROKER_CHECKPOINT_DIR), $dir/work (its working folder) and $dir/sdk (broker_sdk.py,
@@ -19,6 +20,20 @@ BROKER_PROVIDER and runs this file with python3 (standard library only, Python 3
    says stop (should_stop, or 409: the attempt ended), stop the program and quit quietly. When
    no progress ack has renewed the spend lease in time (the broker is unreachable), stop the
    program and exit 1. The boot script powers the machine off after the agent exits.
+
+A gang (a multi-node attempt: the run spec's ``gang``) shares one attempt and token; every
+call names the node's rank (BROKER_NODE_RANK). Node 0 picks its address and a free port and
+reports them (POST /rendezvous) before it starts the program; node k >= 1 restores the same
+checkpoint, then asks for its run spec every RENDEZVOUS_POLL_SECONDS until the rendezvous is
+known (giving up after RENDEZVOUS_WAIT_SECONDS, or BROKER_RENDEZVOUS_WAIT_SECONDS in the
+agent's environment, with a non-zero exit report). Each program gets
+BROKER_NODE_RANK, BROKER_NUM_NODES, BROKER_MASTER_ADDR, BROKER_MASTER_PORT and torchrun's
+NODE_RANK, NNODES, MASTER_ADDR, MASTER_PORT. Only node 0 reports work and uploads checkpoints;
+the other nodes' reports are heartbeats. A notice on node k >= 1 is reported at once (it has
+nothing to save). A gang node's non-zero exit is reported only after a grace (the notice
+window plus GANG_EXIT_GRACE_SECONDS, node 0 half of that constant more: it hears of every
+node's loss) in which the attempt did not end: a program usually fails because another node
+went away, and that node's notice, exit report or the broker's finding is the real cause.
 """
 
 from __future__ import annotations
@@ -33,6 +48,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -59,7 +75,10 @@ NOTICE_FLOOR_SECONDS = 5.0
 """At least this long the program may take to stop after a notice, and as long again its
 checkpoint's upload: on a fast (scaled) local clock the notice window is a fraction of a second,
 and waiting past it costs nothing (the cloud reclaims the machine when it wants)."""
-PROGRAM_VARS = (  # what the program gets besides the job's env (docker: each with -e NAME)
+RENDEZVOUS_POLL_SECONDS = 1.0
+RENDEZVOUS_WAIT_SECONDS = 600.0  # how long node k >= 1 waits for node 0's rendezvous
+GANG_EXIT_GRACE_SECONDS = 10.0
+PROGRAM_VARS = (  # what the program gets besides the job's env and gang_env's (docker: -e)
     "BROKER_JOB_ID",
     "BROKER_ATTEMPT_ID",
     "BROKER_CHECKPOINT_DIR",
@@ -94,6 +113,10 @@ class HttpError(Exception):
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(f"HTTP {status}: {detail[:300]}")
         self.status = status
+
+
+class NoRendezvous(Exception):
+    """Node 0 of the gang reported no rendezvous in time."""
 
 
 class Refused(Exception):
@@ -153,11 +176,12 @@ def _detail(error: urllib.error.HTTPError) -> str:
 
 
 class Broker:
-    """The broker's agent routes, called with the attempt's token."""
+    """The broker's agent routes, called with the attempt's token (as gang node ``node``)."""
 
-    def __init__(self, api_url: str, attempt_id: str, token: str) -> None:
+    def __init__(self, api_url: str, attempt_id: str, token: str, node: int = 0) -> None:
         self.base = api_url.rstrip("/")
         self.attempt_id = attempt_id
+        self.node = node
         self._auth = {"Authorization": "Bearer " + token}
 
     def call(self, method: str, path: str, data: bytes | None = None, **kwargs: Any) -> bytes:
@@ -171,14 +195,20 @@ class Broker:
             raise
 
     def attempt(self, method: str, route: str, payload: Any = None, **kwargs: Any) -> Any:
-        """A JSON call to ``/v1/attempts/{id}/{route}``; ``text`` sends a text body instead."""
+        """A JSON call to ``/v1/attempts/{id}/{route}``; ``text`` sends a text body instead.
+        A gang node >= 1 names itself: a ``node`` field in a JSON body, else in the query."""
         text = kwargs.pop("text", None)
+        query = ""
+        if self.node and isinstance(payload, dict):
+            payload = dict(payload, node=self.node)
+        elif self.node:
+            query = "?node=" + str(self.node)
         if text is not None:
             data, kind = text, "text/plain; charset=utf-8"
         else:
             data = None if payload is None else json.dumps(payload).encode()
             kind = "application/json"
-        path = f"/v1/attempts/{urllib.parse.quote(self.attempt_id)}/{route}"
+        path = f"/v1/attempts/{urllib.parse.quote(self.attempt_id)}/{route}{query}"
         headers = {"Content-Type": kind} if data is not None else {}
         return json.loads(self.call(method, path, data, headers=headers, **kwargs) or b"null")
 
@@ -256,7 +286,9 @@ def command_argv(spec: dict[str, Any], dirs: dict[str, str], local: bool) -> lis
     argv += ["--init", "--name", container_name(spec), "-e", "TINI_KILL_PROCESS_GROUP=1"]
     for folder in (dirs["checkpoint"], dirs["work"], dirs["sdk"]):
         argv += ["-v", f"{folder}:{folder}"]
-    for name in sorted(set(spec.get("env") or {}) | set(PROGRAM_VARS)):
+    for name in sorted(
+        set(spec.get("env") or {}) | set(PROGRAM_VARS) | set(gang_env(spec.get("gang")))
+    ):
         argv += ["-e", name]  # the value comes from docker's own environment, not argv
     return argv + ["-w", dirs["work"], spec["image"], "bash", "-c", script]
 
@@ -270,11 +302,32 @@ def stop_file(dirs: dict[str, str]) -> str:
     return os.path.join(dirs["sdk"], "broker-stop")
 
 
+def gang_env(gang: dict[str, Any] | None) -> dict[str, str]:
+    """A gang node's rank, the node count and the rendezvous, under the broker's names and
+    torchrun's; a single node gets BROKER_NODE_RANK=0 and BROKER_NUM_NODES=1 only."""
+    if not gang or int(gang.get("nodes") or 1) <= 1:
+        return {"BROKER_NODE_RANK": "0", "BROKER_NUM_NODES": "1"}
+    rank, nodes = str(int(gang["node_rank"])), str(int(gang["nodes"]))
+    addr, port = str(gang["master_addr"]), str(int(gang["master_port"]))
+    return {
+        "BROKER_NODE_RANK": rank,
+        "BROKER_NUM_NODES": nodes,
+        "BROKER_MASTER_ADDR": addr,
+        "BROKER_MASTER_PORT": port,
+        "NODE_RANK": rank,
+        "NNODES": nodes,
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": port,
+    }
+
+
 def program_env(spec: dict[str, Any], dirs: dict[str, str], base: dict[str, str]) -> dict[str, str]:
     """The program's environment: the host's (without the agent's BROKER_* variables and its
-    token), the job's ``env``, the broker's variables and the SDK on PYTHONPATH."""
+    token), the job's ``env``, the broker's variables (a gang's too) and the SDK on
+    PYTHONPATH."""
     env = {k: v for k, v in base.items() if not k.startswith("BROKER_")}
     env.update(spec.get("env") or {})
+    env.update(gang_env(spec.get("gang")))
     env.update(
         BROKER_JOB_ID=str(spec["job_id"]),
         BROKER_ATTEMPT_ID=str(spec["attempt_id"]),
@@ -411,6 +464,8 @@ class Run:
 
     def __init__(self, broker: Broker, spec: dict[str, Any], dirs: dict[str, str]) -> None:
         self.broker, self.spec, self.dirs = broker, spec, dirs
+        gang = spec.get("gang") or {}
+        self.rank, self.nodes = broker.node, int(gang.get("nodes") or 1)
         scale = float(spec.get("clock_scale") or 1.0)
         self.clock = LeaseClock(scale, os.environ.get("BROKER_CLOCK_SCHEDULE"))
         self.total = float(spec["total_work"])
@@ -464,6 +519,8 @@ class Run:
                 self.progress_line(match.group(1), match.group(2))
 
     def progress_line(self, step: str, checkpoint: str | None) -> None:
+        if self.rank:  # node 0 speaks for a gang's work and checkpoints
+            return
         try:
             work = float(step)
         except ValueError:
@@ -674,24 +731,55 @@ class Run:
         self.wind_down(0.0)
         say(f"the program exited with code {code}")
         self.uploads_done(UPLOAD_WAIT_SECONDS)
+        if code != 0 and self.nodes > 1 and self.cause_reported_elsewhere():
+            self.done.set()
+            assert self.halt is not None
+            say(f"not reporting the exit: {self.halt[0]}")
+            return self.halt[1]
         self.done.set()
         self.guarded(self.flush_logs, "log upload")
         self.guarded(self.report, "progress report")
         return report_exit(self.broker, code, self.output.tail_text())
 
+    def cause_reported_elsewhere(self) -> bool:
+        """A gang node's program failed: keep heartbeating for the grace (the notice window
+        plus GANG_EXIT_GRACE_SECONDS, half as much again on node 0) and say whether the
+        attempt ended meanwhile (another node's notice or exit, the broker finding a node
+        gone): then this exit is not the cause."""
+        grace = float(self.spec["notice_seconds"]) + GANG_EXIT_GRACE_SECONDS
+        if self.rank == 0:  # it hears of every node's failure: let the failed node speak first
+            grace += GANG_EXIT_GRACE_SECONDS / 2
+        say(f"waiting up to {grace:.0f} s before reporting the exit: another node may explain it")
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            self.guarded(self.report, "progress report")
+            if self.halt is not None:
+                return True
+            time.sleep(min(RENDEZVOUS_POLL_SECONDS, max(deadline - time.monotonic(), 0.0)))
+        return False
+
     def preempted(self) -> int:
+        if self.rank:  # nothing to save here: let the gang stop before this node's peers fail
+            self.guarded(self.flush_logs, "log upload")
+            self.report_notice()
+            self.wind_down(NOTICE_FLOOR_SECONDS)
+            self.done.set()
+            return 0
         window, elapsed = float(self.spec["notice_seconds"]), time.monotonic() - self.noticed_at
         self.wind_down(max(window * 0.75 - elapsed, NOTICE_FLOOR_SECONDS))
         elapsed = time.monotonic() - self.noticed_at
         self.uploads_done(max(window - elapsed, NOTICE_FLOOR_SECONDS))
         self.done.set()
         self.guarded(self.flush_logs, "log upload")
+        self.report_notice()
+        return 0
+
+    def report_notice(self) -> None:
         try:
             answer = self.broker.attempt("POST", "preempted", {"reason": self.notice})
             say(f"reported the preemption: job {answer.get('job_status')}")
         except Refused as error:
             say(str(error))
-        return 0
 
     def stop(self, reason: str, code: int) -> int:
         say(reason)
@@ -751,6 +839,60 @@ def make_dirs(root: str) -> dict[str, str]:
     return dirs
 
 
+def own_address(api_url: str, local: bool) -> str:
+    """The address the gang's other nodes reach this one at: the source address of this
+    host's route to the API (a UDP socket's connect sends nothing); 127.0.0.1 on a local
+    cloud, where every node is a process of the same host."""
+    if local:
+        return "127.0.0.1"
+    parts = urllib.parse.urlsplit(api_url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        family, kind, _, _, where = socket.getaddrinfo(
+            parts.hostname or "", port, type=socket.SOCK_DGRAM
+        )[0]
+        with socket.socket(family, kind) as probe:
+            probe.connect(where)
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def free_port() -> int:
+    """A TCP port no one listens on now (the program binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+def join_gang(broker: Broker, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """The run spec with the gang's rendezvous: node 0 picks and reports it; node k >= 1 asks
+    for it every RENDEZVOUS_POLL_SECONDS (NoRendezvous after RENDEZVOUS_WAIT_SECONDS). A single
+    node's spec as it is."""
+    gang = spec.get("gang")
+    if not gang or int(gang.get("nodes") or 1) <= 1:
+        return spec
+    if broker.node == 0:
+        addr = own_address(broker.base, bool(env.get("BROKER_LOCAL_INSTANCE")))
+        body = {"node": 0, "addr": addr, "port": free_port()}
+        spec = dict(spec, gang=broker.attempt("POST", "rendezvous", body, retry_for=120.0))
+        say(f"gang of {gang['nodes']}: the rendezvous is {addr}:{body['port']}")
+        return spec
+    wait = float(env.get("BROKER_RENDEZVOUS_WAIT_SECONDS") or RENDEZVOUS_WAIT_SECONDS)
+    deadline = time.monotonic() + wait
+    while not (spec.get("gang") or {}).get("master_addr"):
+        if time.monotonic() > deadline:
+            raise NoRendezvous(f"node 0 reported no rendezvous within {wait:.0f} s: giving up")
+        time.sleep(RENDEZVOUS_POLL_SECONDS)
+        spec = broker.attempt("GET", "run", retry_for=60.0)
+    gang = spec["gang"]
+    say(
+        f"node {broker.node} of {gang['nodes']}: the rendezvous is {gang['master_addr']}:"
+        f"{gang['master_port']}"
+    )
+    return spec
+
+
 def main() -> int:
     env = dict(os.environ)
     missing = [
@@ -759,14 +901,27 @@ def main() -> int:
     if missing:
         say(f"{', '.join(missing)} not set")
         return 2
-    broker = Broker(env["BROKER_API_URL"], env["BROKER_ATTEMPT_ID"], env["BROKER_AGENT_TOKEN"])
+    try:
+        rank = int(env.get("BROKER_NODE_RANK") or 0)
+        if rank < 0:
+            raise ValueError(rank)
+    except ValueError:
+        say(f"BROKER_NODE_RANK is not a node rank: {env.get('BROKER_NODE_RANK')!r}")
+        return 2
+    broker = Broker(
+        env["BROKER_API_URL"], env["BROKER_ATTEMPT_ID"], env["BROKER_AGENT_TOKEN"], rank
+    )
     dirs = make_dirs(env.get("BROKER_INSTANCE_DIR") or "/opt/broker")
     try:
         spec = broker.attempt("GET", "run", retry_for=600.0)
         problem = prepare(broker, spec, dirs)
+        if problem is None:
+            spec = join_gang(broker, spec, env)
     except Refused as error:
         say(str(error))
         return 0 if error.status == 409 else 1
+    except NoRendezvous as error:
+        problem = f"agent: node {rank}: {error}"
     except Exception as error:  # the broker or the store unreachable, a broken checkpoint
         say(f"could not prepare the run: {error}")
         return 1
@@ -775,7 +930,8 @@ def main() -> int:
         return report_exit(broker, 1, problem)
     provider = spec.get("provider") or env.get("BROKER_PROVIDER") or "aws"
     meta = (env.get("BROKER_METADATA_URL") or METADATA.get(provider, METADATA["aws"])).rstrip("/")
-    say(f"attempt {spec['attempt_id']}: running {spec['command'][:200]!r}")
+    node = f" node {rank}" if spec.get("gang") else ""
+    say(f"attempt {spec['attempt_id']}{node}: running {spec['command'][:200]!r}")
     run = Run(broker, spec, dirs)
     return run.supervise(env, bool(env.get("BROKER_LOCAL_INSTANCE")), meta)
 

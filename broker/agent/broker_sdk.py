@@ -22,6 +22,10 @@ just output)::
 
 Steps are the workload's work units when ``BROKER_WORK_UNIT`` is ``steps``; for
 ``reference_gpu_hours`` report ``step * total_work() / total`` instead.
+
+On a multi-node job every machine runs the program: ``node_rank()`` and ``num_nodes()`` say
+which and how many, ``master()`` where node 0's rendezvous is. Only node 0's reports and
+checkpoints count: save and report on node 0.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ import time
 __all__ = [
     "checkpoint_dir",
     "checkpoint_saved",
+    "master",
+    "node_rank",
+    "num_nodes",
     "report",
     "should_stop",
     "start_work",
@@ -114,6 +121,24 @@ def total_work() -> float | None:
     """The job's total work in work units (BROKER_TOTAL_WORK), or None without the broker."""
     value = os.environ.get("BROKER_TOTAL_WORK")
     return float(value) if value else None
+
+
+def node_rank() -> int:
+    """This machine's rank in a multi-node job (BROKER_NODE_RANK; 0 alone or without the
+    broker)."""
+    return int(os.environ.get("BROKER_NODE_RANK") or 0)
+
+
+def num_nodes() -> int:
+    """How many machines run the job (BROKER_NUM_NODES; 1 alone or without the broker)."""
+    return int(os.environ.get("BROKER_NUM_NODES") or 1)
+
+
+def master() -> tuple[str, int] | None:
+    """Node 0's rendezvous address and port (BROKER_MASTER_ADDR, BROKER_MASTER_PORT), or None
+    on a single machine."""
+    addr, port = os.environ.get("BROKER_MASTER_ADDR"), os.environ.get("BROKER_MASTER_PORT")
+    return (addr, int(port)) if addr and port else None
 
 
 def _install_handler() -> None:

@@ -75,9 +75,11 @@ class PlanOut(BaseModel):
     zone: str
     instance_type: str
     gpu: str
-    gpu_count: int
+    gpu_count: int  # per machine
+    nodes: int = 1  # machines (a gang when > 1), all of instance_type in zone
+    total_gpus: int  # nodes x gpu_count
     market: str
-    price_per_hour: str
+    price_per_hour: str  # the whole gang's
     expected_hours: float
     expected_cost: str
     worst_case_cost: str
@@ -112,10 +114,11 @@ class AttemptOut(BaseModel):
     zone: str
     instance_type: str
     gpu: str
-    gpu_count: int
+    gpu_count: int  # per machine
+    nodes: int = 1  # machines of a gang attempt
     market: str
-    price_per_hour: str
-    instance_id: str | None
+    price_per_hour: str  # the whole gang's
+    instance_id: str | None  # node 0's for a gang
     status: str
     started_at: datetime | None
     ended_at: datetime | None

@@ -170,6 +170,7 @@ def jobs_show(job_id: str = typer.Argument(..., help="Job id.")) -> None:
         "provider",
         "zone",
         "instance type",
+        "nodes",
         "market",
         "$/h",
         "status",
@@ -187,6 +188,7 @@ def jobs_show(job_id: str = typer.Argument(..., help="Job id.")) -> None:
             a["provider"],
             a["zone"],
             a["instance_type"],
+            a.get("nodes", 1),
             a["market"],
             usd(a["price_per_hour"], 4),
             a["status"],
@@ -209,16 +211,19 @@ def jobs_logs(
     follow: bool = typer.Option(
         False, "--follow", "-f", help="Keep printing new output until the job has finished."
     ),
+    node: int | None = typer.Option(
+        None, min=0, help="A multi-node job's node (its rank): that node's output (default 0)."
+    ),
 ) -> None:
     """The job's program output, every attempt's after a line ``==> attempt <id> (<zone>,
-    <market>) <==`` (or one --attempt's)."""
+    <market>) <==`` (or one --attempt's; one --node's of a multi-node job)."""
     with connect("team") as api:
         if not follow:
-            sys.stdout.write(api.logs(job_id, attempt, tail))
+            sys.stdout.write(api.logs(job_id, attempt, tail, node))
             sys.stdout.flush()
             return
         try:
-            for piece in api.follow_logs(job_id, attempt, tail):
+            for piece in api.follow_logs(job_id, attempt, tail, node):
                 sys.stdout.write(piece)
                 sys.stdout.flush()
         except KeyboardInterrupt:

@@ -77,12 +77,17 @@ def duration(seconds: float) -> str:
 
 
 def plan(p: Mapping[str, Any] | None) -> str:
-    """A plan (or an attempt's offer) on one line."""
+    """A plan (or an attempt's offer) on one line; a gang's as ``4 x <instance type>``
+    with its total GPUs and whole price."""
     if not p:
         return "-"
+    nodes = int(p.get("nodes") or 1)
+    machines = f"{nodes} x {p['instance_type']}" if nodes > 1 else p["instance_type"]
+    gpus = f"{p['gpu']} x{p['gpu_count']}" + (
+        f" ({nodes * p['gpu_count']} GPUs)" if nodes > 1 else ""
+    )
     return (
-        f"{p['provider']} {p['zone']} {p['instance_type']} "
-        f"{p['gpu']} x{p['gpu_count']} {p['market']} "
+        f"{p['provider']} {p['zone']} {machines} {gpus} {p['market']} "
         f"{usd(p['price_per_hour'], 4)}/h"
     )
 

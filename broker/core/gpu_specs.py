@@ -72,28 +72,42 @@ MAX_GPU_COUNT = 64
 
 @dataclass(frozen=True)
 class Measurements:
-    """Measured iterations/s: ``rates[config, gpu, count]``, NaN where not measured."""
+    """Measured iterations/s: ``rates[config, gpu, count]``, NaN where not measured.
+
+    ``spread`` holds the same configs' rates with the GPUs spread over servers (Gavel's
+    ``consolidated=false`` rows), NaN where not measured; None when not given.
+    """
 
     configs: tuple[tuple[str, int | None], ...]
     gpus: tuple[str, ...]
     counts: tuple[int, ...]
     rates: np.ndarray
+    spread: np.ndarray | None = None
 
     @classmethod
     def from_csv(cls, text: str) -> Measurements:
-        """Parse the Gavel CSV; keeps consolidated rows, prefers the measured column."""
-        rows = [r for r in csv.DictReader(io.StringIO(text)) if r["consolidated"] == "true"]
-        keys = {(r["model"], int(r["batch_size"]) if r["batch_size"] else None) for r in rows}
+        """Parse the Gavel CSV: consolidated rows as ``rates``, the others as ``spread``
+        (configs, GPUs and counts are the consolidated rows'); prefers the measured column."""
+        every = list(csv.DictReader(io.StringIO(text)))
+        rows = [r for r in every if r["consolidated"] == "true"]
+        keys = {_config(r) for r in rows}
         configs = tuple(sorted(keys, key=lambda k: (k[0], k[1] or 0)))
         gpus = tuple(MEASURED_GPUS[g] for g in sorted({r["gpu"] for r in rows}))
         counts = tuple(sorted({int(r["num_gpus"]) for r in rows}))
         rates = np.full((len(configs), len(gpus), len(counts)), np.nan)
-        for r in rows:
-            key = (r["model"], int(r["batch_size"]) if r["batch_size"] else None)
+        spread = np.full_like(rates, np.nan)
+        for r in every:
+            gpu, count = MEASURED_GPUS.get(r["gpu"]), int(r["num_gpus"])
+            if _config(r) not in keys or gpu not in gpus or count not in counts:
+                continue
             value = r["iters_per_s_measured"] or r["iters_per_s_simulation_table"]
-            gpu = gpus.index(MEASURED_GPUS[r["gpu"]])
-            rates[configs.index(key), gpu, counts.index(int(r["num_gpus"]))] = float(value)
-        return cls(configs, gpus, counts, rates)
+            table = rates if r["consolidated"] == "true" else spread
+            table[configs.index(_config(r)), gpus.index(gpu), counts.index(count)] = float(value)
+        return cls(configs, gpus, counts, rates, spread)
+
+
+def _config(row: dict[str, str]) -> tuple[str, int | None]:
+    return row["model"], int(row["batch_size"]) if row["batch_size"] else None
 
 
 def _log_features(specs: Sequence[GpuSpec]) -> tuple[np.ndarray, np.ndarray]:

@@ -21,6 +21,12 @@ Each plan's figures depend on the deadline and budget only through which windows
 allowed, so a tighter deadline or budget can only remove options, never cheapen one.
 Plans whose worst case exceeds ``max_cost`` are dropped; the rest rank by expected cost,
 then expected hours, then offer row.
+
+A gang plan (``broker.core.gangs``: N identical machines of one offer row, so in one zone)
+is that row with prices ``N x`` the machine's, the rate the caller gives for the whole gang
+(``ThroughputModel.work_per_hour`` with ``nodes``), preemption rate ``N x`` the machine's
+(the gang stops when any node is preempted) and one machine's start-up; the formulas above
+then hold as they are, and gang and single-machine plans rank together.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Literal
 
 import numpy as np
 
+from broker.core.gangs import node_counts
 from broker.core.money import format_usd, usd_text
 from broker.core.offers import BUNDLED, OfferTable
 from broker.core.reservation import reservation
@@ -44,7 +51,10 @@ _J = np.arange(1, SPOT_WINDOWS[-1] + 1, dtype=np.float64)
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """A job's needs in planner units: hours from now, micro-dollars, work units."""
+    """A job's needs in planner units: hours from now, micro-dollars, work units.
+
+    ``gpus`` is GPUs per machine when ``nodes`` is given, else in all (``broker.core.gangs``
+    says how the planner then picks the machines)."""
 
     gpus: int
     total_work: float
@@ -63,6 +73,7 @@ class PlanRequest:
     min_spot_success: float = 0.9
     top_n: int = 20
     tick_hours: float = 0.0  # the control loop's interval: the budget net looks a tick ahead
+    nodes: int | None = 1  # machines per plan; None: the planner decides (``gangs``)
 
 
 @dataclass(frozen=True)
@@ -111,8 +122,22 @@ class PlanSet:
 
 
 def resource_mask(request: PlanRequest, offers: OfferTable) -> np.ndarray:
-    """Offers with exactly ``gpus`` GPUs that pass every resource filter given."""
-    mask = offers.gpu_count == request.gpus
+    """Offers that serve the request (``plan_nodes`` > 0)."""
+    return plan_nodes(request, offers) > 0
+
+
+def plan_nodes(request: PlanRequest, offers: OfferTable) -> np.ndarray:
+    """Machines per plan on each offer row, 0 where the row does not serve the request: one
+    with exactly ``gpus`` GPUs, or a gang (``broker.core.gangs.node_counts``), among the
+    offers passing every other resource filter given."""
+    eligible = _filters(request, offers)
+    counts = node_counts(request.gpus, request.nodes, offers.gpu_count, eligible)
+    return np.where(eligible, counts, 0)
+
+
+def _filters(request: PlanRequest, offers: OfferTable) -> np.ndarray:
+    """Offers passing every resource filter but the GPU count."""
+    mask = np.ones(len(offers), dtype=bool)
     if request.gpu_types is not None:
         mask &= gpu_mask(offers, request.gpu_types)
     if request.providers is not None:
@@ -220,9 +245,10 @@ def _spot(
     )
 
 
-def _plan(offers: OfferTable, c: _Candidates, i: int, fallback: bool) -> Plan:
+def _plan(offers: OfferTable, nodes: np.ndarray, c: _Candidates, i: int, fallback: bool) -> Plan:
     o = int(c.index[i])
     price = offers.spot_micros_per_hour[o] if c.spot else offers.on_demand_micros_per_hour[o]
+    n = int(nodes[o])
     row = offers.row(o)
     return Plan(
         offer_index=o,
@@ -233,7 +259,7 @@ def _plan(offers: OfferTable, c: _Candidates, i: int, fallback: bool) -> Plan:
         gpu=str(offers.gpu[o]),
         gpu_count=int(offers.gpu_count[o]),
         market="spot" if c.spot else "on_demand",
-        price_per_hour_micros=int(price),
+        price_per_hour_micros=int(price) * n,
         expected_hours=float(c.hours[i]),
         expected_cost_micros=int(c.cost[i]),
         worst_case_cost_micros=int(c.worst[i]),
@@ -242,6 +268,7 @@ def _plan(offers: OfferTable, c: _Candidates, i: int, fallback: bool) -> Plan:
         on_demand_fallback=fallback,
         price_observed_at=row.spot_as_of if c.spot else row.on_demand_as_of,
         price_source=row.spot_source if c.spot else row.on_demand_source,
+        nodes=n,
     )
 
 
@@ -279,15 +306,20 @@ def _ranked(groups: list[_Candidates], keep: list[np.ndarray], n: int) -> list[t
 def rank_plans(
     request: PlanRequest, offers: OfferTable, work_per_hour: np.ndarray, startup_hours: float = 0.1
 ) -> PlanSet:
-    """Feasible plans ranked by expected cost (see the module docstring for the model)."""
-    idx = np.flatnonzero(resource_mask(request, offers) & (work_per_hour > 0))
+    """Feasible plans ranked by expected cost (see the module docstring for the model).
+
+    ``work_per_hour``: each offer row's rate for the plan it serves (a gang's for a gang)."""
+    nodes = plan_nodes(request, offers)
+    idx = np.flatnonzero((nodes > 0) & (work_per_hour > 0))
+    n = nodes[idx]
     c_int = request.checkpoint_interval_hours
     ckpt = request.checkpoint_size_gb * request.checkpoint_seconds_per_gb / 3600.0
     compute = request.total_work / work_per_hour[idx]
     hours = startup_hours + compute + compute / c_int * ckpt
     lost = np.full(len(idx), c_int / 2.0 + startup_hours + ckpt)
-    p_od = offers.on_demand_micros_per_hour[idx].astype(np.float64)
-    p_spot = offers.spot_micros_per_hour[idx].astype(np.float64)
+    # Whole-gang prices; a missing price (negative) stays negative.
+    p_od = offers.on_demand_micros_per_hour[idx].astype(np.float64) * n
+    p_spot = offers.spot_micros_per_hour[idx].astype(np.float64) * n
     max_cost = request.max_cost_micros
 
     o = p_od >= 0  # rows with no published price have no plan on that market
@@ -296,18 +328,17 @@ def rank_plans(
     if request.market != "on_demand":
         s = (p_spot >= 0) & (o if request.market == "auto" else True)
         bound = _auto_bound(request, od) if request.market == "auto" else math.inf
-        sp = _spot(
-            request, idx[s], hours[s], lost[s], p_spot[s], p_od[s], offers.spot_risk[idx[s]], bound
-        )
+        risk = offers.spot_risk[idx[s]] * n[s]  # a gang stops when any node is preempted
+        sp = _spot(request, idx[s], hours[s], lost[s], p_spot[s], p_od[s], risk, bound)
         groups.append(sp)
         keep.append(sp.feasible & (sp.worst <= max_cost))
     fallback = request.market == "auto"
     plans = [
-        _plan(offers, groups[g], i, fallback and g == 1)
+        _plan(offers, nodes, groups[g], i, fallback and g == 1)
         for g, i in _ranked(groups, keep, request.top_n)
     ]
     best_od = _ranked([od], [od.feasible], 1)
-    cheapest_od = _plan(offers, od, best_od[0][1], False) if best_od else None
+    cheapest_od = _plan(offers, nodes, od, best_od[0][1], False) if best_od else None
     allowed = groups[1:] if request.market == "spot" else groups
     why = None
     if not plans:

@@ -4,7 +4,8 @@ Measured Gavel rates (K80, P100, V100; one server) are used as they are. Other G
 scaled from published specs: per model, ``speed ~ fp32_tflops**w * mem_bandwidth**(1 - w)``
 with the compute weight ``w`` in [0, 1] fitted on the measured GPUs, and multi-GPU scaling
 taken from the V100's measured speedups. A starved host (Synergy) and learned per
-(model, GPU) correction factors multiply the result.
+(model, GPU) correction factors multiply the result. A gang of N such machines runs
+``N x efficiency(model, N)`` times one machine's speed (``broker.core.node_scaling``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from broker.core.gpu_specs import (
     leave_one_gpu_out_error,
     speedup_curves,
 )
+from broker.core.node_scaling import DEFAULT, MAX_NODES, fit_efficiency, parse_gang_key
 
 __all__ = [
     "HostNeeds",
@@ -161,6 +163,10 @@ class ThroughputModel:
         self._needs = [needs[m] for m in self._models]
         self._reference_needs = needs[REFERENCE]
         self._corrections = np.ones((len(self._models), self._unknown + 1))
+        fitted = fit_efficiency(data)
+        # Row per model, then the default's row for workloads without a model.
+        self._efficiency = np.array([fitted[m] for m in (*self._models, DEFAULT)])
+        self._gang_corrections: dict[tuple[int, int, int], float] = {}
         self._tables: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray]] = {}
         self._reference_tables: dict[int, np.ndarray] = {}
 
@@ -172,19 +178,35 @@ class ThroughputModel:
         """Catalog GPU names with an estimate; others (and AMD) always rate 0."""
         return [g for g in self._gpus if GPU_SPECS[g].cuda]
 
+    def efficiency(self, model: str | None, nodes: np.ndarray) -> np.ndarray:
+        """Share of ``nodes`` machines' speed a gang of ``model`` keeps (1 on one node;
+        ``model`` None: a workload without one). Unknown models raise ValueError."""
+        row = len(self._models) if model is None else self._model_index(model)
+        n = np.clip(np.asarray(nodes, dtype=np.intp), 0, MAX_NODES)
+        return np.asarray(self._efficiency[row, n])
+
     def with_corrections(self, corrections: Mapping[tuple[str, str], float]) -> ThroughputModel:
         """A copy whose rates are multiplied by ``corrections[(model, gpu)]`` (replacing any).
 
-        Unknown models raise ValueError; unknown GPUs are skipped (they rate 0 anyway).
+        A GPU key of a gang (``node_scaling.gang_key``: ``"H100 x4 nodes"``) corrects that
+        gang's speed instead, in place of the GPU's own correction. Unknown models raise
+        ValueError; unknown GPUs are skipped (they rate 0 anyway).
         """
         other = copy.copy(self)
         other._corrections = np.ones_like(self._corrections)
-        for (model, gpu), factor in corrections.items():
+        other._gang_corrections = {}
+        for (model, key), factor in corrections.items():
             if not (factor > 0 and math.isfinite(factor)):
-                raise ValueError(f"correction for ({model!r}, {gpu!r}) must be positive: {factor}")
+                raise ValueError(f"correction for ({model!r}, {key!r}) must be positive: {factor}")
+            gpu, nodes = parse_gang_key(key)
             g = int(self.gpu_ids(np.array([gpu]))[0])
-            if g != self._unknown:
-                other._corrections[self._model_index(model), g] = factor
+            if g == self._unknown:
+                continue
+            m = self._model_index(model)
+            if nodes > 1:
+                other._gang_corrections[(m, g, nodes)] = factor
+            else:
+                other._corrections[m, g] = factor
         other._tables, other._reference_tables = {}, {}
         return other
 
@@ -231,8 +253,37 @@ class ThroughputModel:
         gpu_count: np.ndarray,
         vcpus_per_gpu: np.ndarray | None = None,
         ram_gb_per_gpu: np.ndarray | None = None,
+        nodes: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Work units per wall-clock hour: steps, or reference-GPU-hours (1x reference = 1.0)."""
+        """Work units per wall-clock hour: steps, or reference-GPU-hours (1x reference = 1.0).
+
+        ``gpu_count``, ``vcpus_per_gpu`` and ``ram_gb_per_gpu`` are one machine's; with
+        ``nodes``, each row is a gang of that many such machines."""
+        rate = self._one_node(workload, gpu, gpu_count, vcpus_per_gpu, ram_gb_per_gpu)
+        if nodes is None:
+            return rate
+        n = np.asarray(nodes)
+        if not (n > 1).any():
+            return rate
+        scale = np.where(n > 1, n * self.efficiency(workload.model, n), 1.0)
+        if workload.model is not None and self._gang_corrections:
+            m, ids = self._model_index(workload.model), self.gpu_ids(gpu)
+            for (model, g, count), factor in self._gang_corrections.items():
+                if model == m:
+                    # The gang's own correction replaces its GPU's (already in ``rate``).
+                    scale = np.where(
+                        (ids == g) & (n == count), scale * factor / self._corrections[m, g], scale
+                    )
+        return rate * scale
+
+    def _one_node(
+        self,
+        workload: Workload,
+        gpu: np.ndarray,
+        gpu_count: np.ndarray,
+        vcpus_per_gpu: np.ndarray | None,
+        ram_gb_per_gpu: np.ndarray | None,
+    ) -> np.ndarray:
         if workload.model is not None:
             rate = self.iters_per_second(
                 workload.model, workload.batch_size, gpu, gpu_count, vcpus_per_gpu, ram_gb_per_gpu

@@ -8,6 +8,8 @@ from typing import Protocol
 
 import numpy as np
 
+from broker.core.gangs import is_gang_request, node_counts
+from broker.core.node_scaling import MAX_NODES
 from broker.core.offers import OfferTable
 
 
@@ -16,6 +18,9 @@ class PlanRequest(Protocol):
 
     @property
     def gpus(self) -> int: ...
+
+    @property
+    def nodes(self) -> int | None: ...
 
     @property
     def gpu_types(self) -> tuple[str, ...] | None: ...
@@ -94,14 +99,7 @@ def _steps(r: PlanRequest, offers: OfferTable) -> list[Step]:
                 distinct(offers.region, "regions offering them"),
             )
         )
-    steps.append(
-        (
-            "gpus",
-            r.gpus,
-            offers.gpu_count == r.gpus,
-            distinct(offers.gpu_count, "GPU counts of one machine"),
-        )
-    )
+    gpu_step = len(steps)
     if r.min_gpu_memory_gb is not None:
         steps.append(
             (
@@ -129,6 +127,19 @@ def _steps(r: PlanRequest, offers: OfferTable) -> list[Step]:
                 most(offers.ram_gb / per_gpu, "the most is {} GB of RAM per GPU"),
             )
         )
+    others = np.ones(len(offers), dtype=bool)
+    for step in steps:
+        others &= step[2]
+    counts = node_counts(r.gpus, r.nodes, offers.gpu_count, others)
+    label = "GPU counts of one machine"
+    if r.nodes is not None and r.nodes > 1:
+        label = f"gpus is per machine with nodes={r.nodes}; {label}"
+    elif is_gang_request(r.gpus, r.nodes, offers.gpu_count, others):
+        label = (
+            f"more GPUs than one machine holds run on N identical machines "
+            f"(N x GPUs each = {r.gpus}, N <= {MAX_NODES}); {label}"
+        )
+    steps.insert(gpu_step, ("gpus", r.gpus, counts > 0, distinct(offers.gpu_count, label)))
     return steps
 
 

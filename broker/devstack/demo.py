@@ -58,16 +58,21 @@ class DemoJob:
     final: dict[str, Any] = field(default_factory=dict)
 
 
-def _steps(model: str, batch: int, gpu: str, gpus: int, hours: float) -> int:
-    """Steps that take ``hours`` on ``gpus`` x ``gpu`` by the throughput model."""
+def _steps(model: str, batch: int, gpu: str, gpus: int, hours: float, nodes: int = 1) -> int:
+    """Steps that take ``hours`` on ``nodes`` machines of ``gpus`` x ``gpu`` by the
+    throughput model (across nodes at the model's measured efficiency)."""
     rate = bundled_throughput_model().work_per_hour(
-        Workload(model=model, batch_size=batch, steps=1), np.array([gpu]), np.array([gpus])
+        Workload(model=model, batch_size=batch, steps=1),
+        np.array([gpu]),
+        np.array([gpus]),
+        nodes=np.array([nodes]),
     )[0]
     return max(int(rate * hours), 1)
 
 
 def demo_jobs(now: datetime) -> list[DemoJob]:
-    """Twenty varied jobs for two teams, plus one over budget and one infeasible."""
+    """Twenty-one varied jobs for two teams (one of them a multi-node gang), plus one over
+    budget and one infeasible."""
 
     def spec(
         name: str,
@@ -92,8 +97,11 @@ def demo_jobs(now: datetime) -> list[DemoJob]:
         command = ["python train.py", f"--seed {seed}", f"--steps {PROGRAM_STEPS}", *flags]
         return {"command": " ".join(command), "env": dict(QUIET_ENV)}
 
-    def model(name: str, batch: int, gpu: str, gpus: int, hours: float) -> dict[str, Any]:
-        return {"model": name, "batch_size": batch, "steps": _steps(name, batch, gpu, gpus, hours)}
+    def model(
+        name: str, batch: int, gpu: str, gpus: int, hours: float, nodes: int = 1
+    ) -> dict[str, Any]:
+        steps = _steps(name, batch, gpu, gpus, hours, nodes)
+        return {"model": name, "batch_size": batch, "steps": steps}
 
     vision = [
         spec("resnet50-imagenet", model("ResNet-50", 128, "V100", 1, 4), 9, "40.00"),
@@ -118,6 +126,17 @@ def demo_jobs(now: datetime) -> list[DemoJob]:
         spec("a3c-atari", model("A3C", 4, "V100", 1, 2), 5, "20.00", market="spot"),
         spec("ref-hours-v100", {"reference_gpu_hours": 3}, 8, "30.00"),
         spec("resnet50-4gpu", model("ResNet-50", 128, "V100", 4, 3), 7, "150.00", gpus=4),
+        # A gang: two machines of 8 V100s in one zone, train.py on each in step with the
+        # other through node 0's rendezvous (without ``nodes``, 16 GPUs would let the
+        # planner pick any split, up to 16 one-GPU machines: 16 programs on a laptop).
+        spec(
+            "resnet50-2x8gpu-gang",
+            model("ResNet-50", 128, "V100", 8, 1.5, nodes=2),
+            5,
+            "150.00",
+            gpus=8,
+            resources={"nodes": 2, "gpu_types": ["V100"]},
+        ),
     ]
     nlp = [
         spec("transformer-wmt", model("Transformer", 128, "V100", 1, 4), 9, "40.00"),
@@ -251,6 +270,8 @@ def live_table(jobs: list[DemoJob], rows: dict[str, dict], spend: dict[str, str]
         fraction = float(row["progress"]["fraction"])
         plan = row.get("plan") or {}
         where = f"{plan.get('gpu_count', '')}x{plan.get('gpu', '')} {plan.get('market', '')}"
+        if (plan.get("nodes") or 1) > 1:
+            where = f"{plan['nodes']} nodes x {where}"
         left = (datetime.fromisoformat(row["deadline"]) - now).total_seconds() / 3600
         table.add_row(
             row["name"],

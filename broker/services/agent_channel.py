@@ -8,6 +8,12 @@ attempt) and says when the program exited or the cloud gave notice. Every call i
 first (``agent_reports.checked_attempt``: the attempt's own token, not ended, not expired)
 and counts as the agent's heartbeat. Job state changes are ``lifecycle``'s; the caller
 terminates and relaunches what they return (``AgentEnd``).
+
+A gang's nodes share the attempt and its token and name their rank (``node``): node 0 reports
+the rendezvous (``rendezvous``: ``Attempt.master_addr``/``master_port``, handed to the others
+in their run spec's ``gang``), the work and the checkpoints; the others' progress is a
+heartbeat, their logs go under ``node{k}/``, their non-zero exit ends the attempt, and a
+notice from any node ends it as preempted.
 """
 
 from __future__ import annotations
@@ -22,9 +28,9 @@ from sqlmodel import Session, func, select
 
 from broker import clock
 from broker.core.checkpoint_keys import checkpoint_prefix
-from broker.core.errors import Conflict
+from broker.core.errors import Conflict, InvalidInput
 from broker.core.job_status import JobStatus, is_terminal
-from broker.db.models import Attempt, Checkpoint
+from broker.db.models import Attempt, Checkpoint, Job
 from broker.services import agent_reports, lifecycle
 from broker.services.calibration import calibrate
 from broker.services.lifecycle import ToTerminate
@@ -75,6 +81,31 @@ class RunSpec:
     log_limit_bytes: int
     notice_seconds: float
     lease_seconds_left: float
+    gang: Gang | None = None
+
+
+@dataclass(frozen=True)
+class Gang:
+    """Where a gang node stands: its rank, the gang's size and the rendezvous node 0 reported
+    (None until it has)."""
+
+    node_rank: int
+    nodes: int
+    master_addr: str | None
+    master_port: int | None
+
+
+def checked_node(attempt: Attempt, node: int, location: str = "query") -> int:
+    """``node`` when it is one of the attempt's ranks (0 for a single-node attempt), else
+    InvalidInput naming ``node`` (in the ``query`` or the ``body``)."""
+    nodes = max(attempt.nodes, 1)
+    if not 0 <= node < nodes:
+        raise InvalidInput(
+            f"node must be a rank of attempt {attempt.id}'s {nodes} node(s): 0..{nodes - 1}",
+            field="node",
+            location=location,
+        )
+    return node
 
 
 @dataclass(frozen=True)
@@ -120,13 +151,21 @@ def run_spec(
     token: str,
     now: datetime,
     *,
+    node: int = 0,
     settings: Settings | None = None,
 ) -> RunSpec:
     """The attempt's run spec from its job's stored spec (``run``), with presigned GET URLs
-    for the latest checkpoint and a workdir in the team's own ``workdirs/`` folder.
-    Conflict when the job has no program to run (submitted before jobs carried one)."""
+    for the latest checkpoint and a workdir in the team's own ``workdirs/`` folder; for a
+    gang, ``gang`` says node ``node``'s rank and the rendezvous (InvalidInput naming ``node``
+    for a rank the attempt does not have). Conflict when the job has no program to run."""
     settings = settings or get_settings()
-    attempt, job = agent_reports.heard(session, attempt_id, token, now)
+    attempt, job = agent_reports.checked_attempt(session, attempt_id, token, now)
+    try:
+        checked_node(attempt, node)
+    except InvalidInput:
+        session.rollback()
+        raise
+    session.commit()
     run = job.spec.get("run") or {}
     if not run.get("command"):
         raise Conflict(f"job {job.id} has no run.command: there is no program to run")
@@ -161,7 +200,33 @@ def run_spec(
         log_limit_bytes=settings.agent_log_limit_bytes,
         notice_seconds=NOTICE_SECONDS.get(attempt.provider, 30.0) / scale,
         lease_seconds_left=lease_seconds_left(attempt, now, settings),
+        gang=None
+        if attempt.nodes <= 1
+        else Gang(node, attempt.nodes, attempt.master_addr, attempt.master_port),
     )
+
+
+def rendezvous(
+    session: Session, attempt_id: str, token: str, node: int, addr: str, port: int, now: datetime
+) -> Gang:
+    """Node 0 of a gang says where its program's rendezvous listens (``addr``:``port``): kept
+    on the attempt for the other nodes' run specs. InvalidInput naming ``node`` when the
+    caller is not node 0 of a gang (a single-node attempt has no rendezvous)."""
+    attempt, _ = agent_reports.checked_attempt(session, attempt_id, token, now)
+    if node != 0 or attempt.nodes <= 1:
+        session.rollback()
+        what = "a single-node attempt has none" if attempt.nodes <= 1 else f"not node {node}"
+        raise InvalidInput(f"only node 0 of a gang reports the rendezvous: {what}", "node")
+    attempt.master_addr, attempt.master_port = addr, port
+    session.add(attempt)
+    session.commit()
+    log.info(
+        "gang rendezvous at %s:%s",
+        addr,
+        port,
+        extra={"job_id": attempt.job_id, "attempt_id": attempt.id},
+    )
+    return Gang(0, attempt.nodes, addr, port)
 
 
 def report_wall_seconds(report_seconds: float, scale: float) -> float:
@@ -208,16 +273,28 @@ def acknowledge_progress(
     checkpoint_key: str | None,
     now: datetime,
     *,
+    node: int = 0,
     settings: Settings | None = None,
 ) -> ProgressAck:
     """Record a progress report (``agent_reports.report_progress``: the heartbeat) and say
-    whether the agent should stop and how long its lease lasts."""
+    whether the agent should stop and how long its lease lasts. A gang's node ``node`` >= 1
+    only heartbeats: its work is not recorded and a checkpoint key from it is refused
+    (InvalidInput naming ``checkpoint_key``): node 0 alone speaks for the gang's progress."""
     settings = settings or get_settings()
-    job = agent_reports.report_progress(
-        session, attempt_id, token, work_done, checkpoint_key, now, settings=settings
-    )
-    attempt = session.get(Attempt, attempt_id)
-    assert attempt is not None
+    if node == 0:
+        job = agent_reports.report_progress(
+            session, attempt_id, token, work_done, checkpoint_key, now, settings=settings
+        )
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+    else:
+        attempt, job = _node_call(session, attempt_id, token, node, now)
+        if checkpoint_key is not None:
+            session.rollback()
+            raise InvalidInput(
+                f"only node 0 reports checkpoints, not node {node}", "checkpoint_key"
+            )
+        session.commit()
     return ProgressAck(
         job_status=job.status,
         work_done=job.work_done,
@@ -234,11 +311,17 @@ def checkpoint_upload(
     token: str,
     work_done: float,
     now: datetime,
+    *,
+    node: int = 0,
 ) -> Upload:
     """A key for the attempt's next checkpoint, ``jobs/{job_id}/checkpoints/{attempt_id}/
     {work_done:.6g}-{n}.tar.gz`` (``n``: one more than the checkpoints it has reported, so a
-    reported one is never overwritten), and a presigned PUT URL for it."""
+    reported one is never overwritten), and a presigned PUT URL for it. Node 0 only (a
+    gang's other nodes: InvalidInput naming ``node``)."""
     attempt, job = agent_reports.checked_attempt(session, attempt_id, token, now)
+    if node != 0:
+        session.rollback()
+        raise InvalidInput(f"only node 0 uploads checkpoints, not node {node}", "node")
     reported = session.exec(
         select(func.count()).select_from(Checkpoint).where(Checkpoint.attempt_id == attempt.id)
     ).one()
@@ -249,9 +332,11 @@ def checkpoint_upload(
     return Upload(key=key, url=store.presigned_put(key, PRESIGN_SECONDS))
 
 
-def log_key(job_id: str, attempt_id: str, seq: int) -> str:
-    """The object holding chunk ``seq`` of an attempt's log (chunks concatenate in order)."""
-    return f"{checkpoint_prefix(job_id)}logs/{attempt_id}/{seq:06d}.log"
+def log_key(job_id: str, attempt_id: str, seq: int, node: int = 0) -> str:
+    """The object holding chunk ``seq`` of an attempt's log (chunks concatenate in order);
+    a gang's node ``node`` >= 1 keeps its own under ``node{node}/``."""
+    folder = f"node{node}/" if node else ""
+    return f"{checkpoint_prefix(job_id)}logs/{attempt_id}/{folder}{seq:06d}.log"
 
 
 def cut_log(data: bytes, stored: int, limit: int) -> tuple[bytes, int, bool]:
@@ -278,15 +363,22 @@ def store_log(
     text: str,
     now: datetime,
     *,
+    node: int = 0,
     settings: Settings | None = None,
 ) -> LogAck:
-    """Keep one chunk of the program's output: its number and size are reserved in a short
-    transaction, then the object is written (outside it, so a slow store holds no lock)."""
+    """Keep one chunk of node ``node``'s output: its number and size are reserved in a short
+    transaction, then the object is written (outside it, so a slow store holds no lock). A
+    gang's nodes number their chunks in one sequence and share one log limit, the limit
+    times the node count."""
     settings = settings or get_settings()
     attempt, job = agent_reports.checked_attempt(session, attempt_id, token, now)
-    chunk, accepted, truncated = cut_log(
-        text.encode("utf-8"), attempt.log_bytes, settings.agent_log_limit_bytes
-    )
+    try:
+        checked_node(attempt, node)
+    except InvalidInput:
+        session.rollback()
+        raise
+    limit = settings.agent_log_limit_bytes * max(attempt.nodes, 1)
+    chunk, accepted, truncated = cut_log(text.encode("utf-8"), attempt.log_bytes, limit)
     seq = attempt.log_chunks
     if chunk:
         attempt.log_chunks += 1
@@ -294,24 +386,58 @@ def store_log(
         session.add(attempt)
     session.commit()
     if chunk:
-        store.put(log_key(job.id, attempt.id, seq), chunk)
+        store.put(log_key(job.id, attempt.id, seq, node), chunk)
     return LogAck(accepted_bytes=accepted, truncated=truncated)
 
 
 _WAITING = (JobStatus.PROVISIONING.value, JobStatus.PREEMPTED.value)
 
 
+def _node_call(
+    session: Session, attempt_id: str, token: str, node: int, now: datetime
+) -> tuple[Attempt, Job]:
+    """``checked_attempt`` for a call from node ``node`` (checked to be one of the attempt's
+    ranks, InvalidInput naming the body's ``node`` otherwise); the caller commits."""
+    attempt, job = agent_reports.checked_attempt(session, attempt_id, token, now)
+    try:
+        checked_node(attempt, node, "body")
+    except InvalidInput:
+        session.rollback()
+        raise
+    return attempt, job
+
+
 def program_exited(
-    session: Session, attempt_id: str, token: str, exit_code: int, tail: str, now: datetime
+    session: Session,
+    attempt_id: str,
+    token: str,
+    exit_code: int,
+    tail: str,
+    now: datetime,
+    *,
+    node: int = 0,
 ) -> AgentEnd:
     """The agent says its program exited: ``lifecycle.program_exited`` decides (success,
-    restart from the latest checkpoint, or failure)."""
-    attempt, job = agent_reports.heard(session, attempt_id, token, now)
+    restart from the latest checkpoint, or failure). On a gang's node ``node`` >= 1 a
+    non-zero code ends the attempt the same way (its tail's lines prefixed ``node N:``), and
+    0 is only logged: node 0's exit is the gang's."""
+    attempt, job = _node_call(session, attempt_id, token, node, now)
+    session.commit()
+    if node != 0 and exit_code == 0:
+        log.info(
+            "node %s's program exited 0",
+            node,
+            extra={"job_id": job.id, "attempt_id": attempt.id},
+        )
+        return AgentEnd(job.id, job.status)
+    if node != 0:
+        tail = "".join(f"node {node}: {line}" for line in tail.splitlines(True))[-4096:]
     terminate = lifecycle.program_exited(session, attempt.id, exit_code, tail, now)
     _learn_speed(session, attempt.id)
     session.refresh(job)
     log.info(
-        "program exited %s: job %s",
+        "node %s's program exited %s: job %s",
+        node,
         exit_code,
         job.status,
         extra={"job_id": job.id, "attempt_id": attempt.id},
@@ -320,11 +446,21 @@ def program_exited(
 
 
 def preemption_notice(
-    session: Session, attempt_id: str, token: str, reason: str, now: datetime
+    session: Session,
+    attempt_id: str,
+    token: str,
+    reason: str,
+    now: datetime,
+    *,
+    node: int = 0,
 ) -> AgentEnd:
     """The agent got the cloud's preemption notice, stopped the program and saved what it
-    could: the attempt ends now (billing stops) through ``lifecycle.preempted``."""
-    attempt, job = agent_reports.heard(session, attempt_id, token, now)
+    could: the attempt ends now (billing stops) through ``lifecycle.preempted``. A notice
+    from any node of a gang ends the whole gang (it cannot go on without the node)."""
+    attempt, job = _node_call(session, attempt_id, token, node, now)
+    session.commit()
+    if node != 0:
+        reason = f"node {node}: {reason}" if reason else f"node {node}"
     terminate = lifecycle.preempted(session, attempt.id, now, reason or None)
     _learn_speed(session, attempt.id)
     session.refresh(job)

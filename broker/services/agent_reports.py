@@ -38,14 +38,20 @@ from broker.settings import Settings, get_settings
 def top_speed(planning: Planning, session: Session, job: Job, attempt: Attempt) -> float:
     """The fastest work per hour the attempt's GPUs are predicted to run the job at: with the
     learnt throughput correction, or without it when that is faster (a correction learnt
-    from a slow host must not lock out an honest, faster instance)."""
+    from a slow host must not lock out an honest, faster instance). A gang (whose node 0
+    reports the whole gang's work) may scale linearly: nodes x one machine's speed, or its
+    own learnt speed when faster."""
     corrected = planning.rate(session, job, attempt.gpu, attempt.gpu_count)
     spec = JobSpec.model_validate(job.spec)
     workload = Workload.from_mapping(spec.workload.model_dump(exclude_none=True))
     model = planning.model.work_per_hour(
         workload, np.array([attempt.gpu]), np.array([attempt.gpu_count])
     )
-    return max(corrected, float(model[0]))
+    fastest = max(corrected, float(model[0]))
+    if attempt.nodes <= 1:
+        return fastest
+    gang = planning.rate(session, job, attempt.gpu, attempt.gpu_count, attempt.nodes)
+    return max(gang, fastest * attempt.nodes)
 
 
 def report_progress(

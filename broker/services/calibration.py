@@ -2,7 +2,10 @@
 
 An ended attempt's observed speed is folded into its (model, GPU) correction
 (``calibrate``); quotes, re-plans and steering read the corrections back
-(``quoting.corrections``) and run the throughput model with them.
+(``quoting.corrections``) and run the throughput model with them. A gang's speed is learnt
+under its own key (``node_scaling.gang_key``: the GPU and the node count), so a gang's
+progress never moves the single-machine correction; once learnt it replaces, for that
+gang shape, the GPU's correction and the scaling model's figure.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import logging
 import numpy as np
 from sqlmodel import Session, select
 
+from broker.core.node_scaling import gang_key
 from broker.core.throughput import Workload, update_correction
 from broker.db.engine import begin_write, is_postgres
 from broker.db.models import Attempt, Job, ThroughputCorrection
@@ -27,8 +31,9 @@ def calibrate(planning: Planning, session: Session, attempt_id: str) -> float | 
     """Fold an ended attempt's observed speed into its (model, GPU) correction.
 
     Speed = work the attempt did / its running hours after the restart overhead, against
-    the uncorrected prediction of ``planning``'s model for its GPU; attempts too short to say
-    are skipped. Returns the new factor, or None when nothing was learnt.
+    the uncorrected prediction of ``planning``'s model for its GPU (its whole gang, keyed
+    apart, for a gang); attempts too short to say are skipped. Returns the new factor, or
+    None when nothing was learnt.
     """
     begin_write(session)  # reads then a write: on SQLite take the write lock first
     attempt = session.get(Attempt, attempt_id)
@@ -48,19 +53,24 @@ def calibrate(planning: Planning, session: Session, attempt_id: str) -> float | 
         return None
     spec = JobSpec.model_validate(job.spec)
     workload = Workload.from_mapping(spec.workload.model_dump(exclude_none=True))
+    nodes = max(attempt.nodes, 1)
     predicted = float(
         planning.model.work_per_hour(
-            workload, np.array([attempt.gpu]), np.array([attempt.gpu_count])
+            workload,
+            np.array([attempt.gpu]),
+            np.array([attempt.gpu_count]),
+            nodes=np.array([nodes]),
         )[0]
     )
+    key = gang_key(attempt.gpu, nodes)
     statement = select(ThroughputCorrection).where(
-        ThroughputCorrection.model == model_name, ThroughputCorrection.gpu == attempt.gpu
+        ThroughputCorrection.model == model_name, ThroughputCorrection.gpu == key
     )
     if is_postgres(session):
         statement = statement.with_for_update()
     row = session.exec(statement).first()
     if row is None:
-        row = ThroughputCorrection(model=model_name, gpu=attempt.gpu, factor=1.0, observations=0)
+        row = ThroughputCorrection(model=model_name, gpu=key, factor=1.0, observations=0)
     row.factor = update_correction(row.factor, predicted, work / hours, row.observations)
     row.observations += 1
     row.updated_at = attempt.ended_at
@@ -68,6 +78,6 @@ def calibrate(planning: Planning, session: Session, attempt_id: str) -> float | 
     session.commit()
     log.info(
         "throughput calibrated",
-        extra={"model": model_name, "gpu": attempt.gpu, "factor": round(row.factor, 4)},
+        extra={"model": model_name, "gpu": key, "factor": round(row.factor, 4)},
     )
     return row.factor

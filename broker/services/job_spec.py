@@ -19,9 +19,13 @@ from pydantic import (
     PlainValidator,
     Tag,
     TypeAdapter,
+    ValidationInfo,
     WithJsonSchema,
+    field_validator,
 )
 
+from broker.core.gangs import MAX_TOTAL_GPUS
+from broker.core.node_scaling import MAX_NODES
 from broker.core.timespan import SPAN_PATTERN, is_span, parse_span
 
 
@@ -126,15 +130,29 @@ class ReferenceWorkload(Strict):
 
 
 class Resources(Strict):
-    """GPU constraints; lists restrict, absence allows all."""
+    """GPU constraints; lists restrict, absence allows all. ``gpus`` is GPUs per machine
+    when ``nodes`` is given, else in all (more than one machine holds: the planner splits
+    them over identical machines, ``broker.core.gangs``)."""
 
-    gpus: int = Field(ge=1, le=64)
+    gpus: int = Field(ge=1, le=MAX_TOTAL_GPUS)
+    nodes: int | None = Field(default=None, ge=1, le=MAX_NODES)
     gpu_types: list[Short] | None = Field(default=None, max_length=50)
     min_gpu_memory_gb: float | None = Field(default=None, ge=0, le=1024)
     providers: list[Literal["aws", "gcp"]] | None = Field(default=None, max_length=10)
     regions: list[Short] | None = Field(default=None, max_length=100)
     vcpus_per_gpu: float | None = Field(default=None, ge=0, le=512)
     ram_gb_per_gpu: float | None = Field(default=None, ge=0, le=4096)
+
+    @field_validator("nodes")
+    @classmethod
+    def _gang_size(cls, nodes: int | None, info: ValidationInfo) -> int | None:
+        gpus = info.data.get("gpus")
+        if nodes is not None and gpus is not None and nodes * gpus > MAX_TOTAL_GPUS:
+            raise ValueError(
+                f"{nodes} nodes x {gpus} GPUs each is {nodes * gpus} GPUs; a job may have at "
+                f"most {MAX_TOTAL_GPUS} GPUs in all"
+            )
+        return nodes
 
 
 class CheckpointSpec(Strict):

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from broker.core.agent_tokens import mint, token_expiry
 from broker.db.models import Attempt, Job
-from providers.base import TAG_ATTEMPT, TAG_JOB, TAG_TEAM, LaunchRequest
+from providers.base import TAG_ATTEMPT, TAG_JOB, TAG_NODE, TAG_TEAM, LaunchRequest
 from providers.boot import boot_script
 
 
@@ -23,11 +23,29 @@ def agent_token(secret: str, attempt_id: str, deadline: datetime) -> str:
     return mint(secret, attempt_id, token_expiry(deadline))
 
 
-def launch_request(job: Job, attempt: Attempt, *, api_url: str, agent_secret: str) -> LaunchRequest:
-    """The cloud request for ``attempt`` of ``job``: where, what, and the boot script."""
+def node_token(attempt_id: str, node_rank: int) -> str:
+    """The idempotency token of a gang node's launch: the attempt id for rank 0 (as a
+    single instance), ``<attempt id>-n<k>`` for rank k."""
+    return attempt_id if node_rank == 0 else f"{attempt_id}-n{node_rank}"
+
+
+def placement_group(attempt: Attempt) -> str | None:
+    """The placement a gang's nodes share: one cluster placement group per zone, none for a
+    single instance."""
+    return f"broker-gang-{attempt.zone}" if attempt.nodes > 1 else None
+
+
+def launch_request(
+    job: Job, attempt: Attempt, *, api_url: str, agent_secret: str, node_rank: int = 0
+) -> LaunchRequest:
+    """The cloud request for ``attempt`` of ``job`` (node ``node_rank`` of a gang): where,
+    what, and the boot script. Every node shares the attempt's agent token."""
     token = agent_token(agent_secret, attempt.id, job.deadline)
+    tags = {TAG_JOB: job.id, TAG_ATTEMPT: attempt.id, TAG_TEAM: job.team_id}
+    if attempt.nodes > 1:
+        tags[TAG_NODE] = str(node_rank)
     return LaunchRequest(
-        token=attempt.id,
+        token=node_token(attempt.id, node_rank),
         provider=attempt.provider,
         region=attempt.region,
         zone=attempt.zone,
@@ -35,6 +53,7 @@ def launch_request(job: Job, attempt: Attempt, *, api_url: str, agent_secret: st
         market="spot" if attempt.market == "spot" else "on_demand",
         gpu=attempt.gpu,
         gpu_count=attempt.gpu_count,
-        tags={TAG_JOB: job.id, TAG_ATTEMPT: attempt.id, TAG_TEAM: job.team_id},
-        boot_script=boot_script(api_url, attempt.id, token, attempt.provider),
+        tags=tags,
+        boot_script=boot_script(api_url, attempt.id, token, attempt.provider, node_rank=node_rank),
+        placement_group=placement_group(attempt),
     )

@@ -25,7 +25,7 @@ from broker.core.job_status import JobStatus, check_transition, is_terminal
 from broker.core.money import cost_micros
 from broker.db.engine import begin_write, is_postgres
 from broker.db.ids import new_id
-from broker.db.models import Attempt, Checkpoint, Job
+from broker.db.models import Attempt, AttemptNode, Checkpoint, Job
 from broker.faults import fault_point
 from broker.services.billing import bill, renew_lease, warn_on_alert
 from broker.services.ledger import job_reserved, job_spent, lock_team, release, reserve
@@ -79,21 +79,37 @@ def work_complete(job: Job) -> bool:
     return job.checkpointed_work >= job.total_work
 
 
+def attempt_instances(session: Session, attempt: Attempt) -> list[ToTerminate]:
+    """Every instance an attempt holds, as the instances to terminate when it ends: a gang's
+    every launched node (``attempt_node``, rank order), else its one instance if launched."""
+    ids: list[str] = []
+    if attempt.nodes > 1:
+        rows = session.exec(
+            select(AttemptNode)
+            .where(AttemptNode.attempt_id == attempt.id)
+            .order_by(col(AttemptNode.rank))
+        ).all()
+        ids = [row.instance_id for row in rows if row.instance_id]
+    if attempt.instance_id and attempt.instance_id not in ids:
+        ids.insert(0, attempt.instance_id)
+    return [
+        ToTerminate(attempt.id, attempt.provider, attempt.region, attempt.zone, instance_id)
+        for instance_id in ids
+    ]
+
+
 def _end_attempt(
     session: Session, job: Job, attempt: Attempt, reason: str, now: datetime
-) -> ToTerminate | None:
-    """Settle an attempt's spend up to ``now`` and mark it ended."""
+) -> list[ToTerminate]:
+    """Settle an attempt's spend up to ``now`` and mark it ended; returns every instance it
+    holds (every node of a gang)."""
     if attempt.status == RUNNING:
         bill(session, job, attempt, now)
     attempt.status = ENDED
     attempt.end_reason = reason
     attempt.ended_at = now
     session.add(attempt)
-    if attempt.instance_id is None:
-        return None
-    return ToTerminate(
-        attempt.id, attempt.provider, attempt.region, attempt.zone, attempt.instance_id
-    )
+    return attempt_instances(session, attempt)
 
 
 def _move(job: Job, status: JobStatus, now: datetime, reason: str | None = None) -> None:
@@ -133,7 +149,9 @@ def _finish(
         job.completed_at = job.completed_at or completion_time(session, job, now)
     attempt_reason = "completed" if status is JobStatus.SUCCEEDED else "stopped"
     ended = [
-        _end_attempt(session, job, a, attempt_reason, now) for a in live_attempts(session, job.id)
+        item
+        for a in live_attempts(session, job.id)
+        for item in _end_attempt(session, job, a, attempt_reason, now)
     ]
     _move(job, status, now, reason)
     job.finished_at = now
@@ -141,7 +159,7 @@ def _finish(
     release(session, job, now)
     session.add(job)
     log.info("job %s: %s", status.value, reason, extra={"job_id": job.id, "team_id": job.team_id})
-    return [t for t in ended if t is not None]
+    return ended
 
 
 def cancel(session: Session, team_id: str, job_id: str, now: datetime) -> list[ToTerminate]:
@@ -235,8 +253,9 @@ def launch_succeeded(
     *,
     lease_seconds: float,
 ) -> list[ToTerminate]:
-    """The cloud has the instance: attempt running from now on its first spend lease (up to
-    ``lease_seconds``, within the job's money), job running."""
+    """The cloud has the instance (a gang: every node; ``instance_id`` is node 0's): attempt
+    running from now on its first spend lease (up to ``lease_seconds``, within the job's
+    money), job running. Returns what to terminate when the attempt ended meanwhile."""
     attempt = locked_attempt(session, attempt_id)
     job = session.get(Job, attempt.job_id)
     assert job is not None
@@ -245,16 +264,16 @@ def launch_succeeded(
         session.rollback()
         return []
     if attempt.status != LAUNCHING:
-        # The attempt ended while the launch was under way (cancel, stop): the instance goes.
+        # The attempt ended while the launch was under way (cancel, stop): its instances go.
+        gone = attempt_instances(session, attempt)
         session.rollback()
-        return [
-            ToTerminate(attempt.id, attempt.provider, attempt.region, attempt.zone, instance_id)
-        ]
+        here = ToTerminate(attempt.id, attempt.provider, attempt.region, attempt.zone, instance_id)
+        return gone if here in gone else [here, *gone]
     if is_terminal(job.status):
         attempt.instance_id = instance_id
         ended = _end_attempt(session, job, attempt, "stopped", now)
         session.commit()
-        return [ended] if ended else []
+        return ended
     attempt.instance_id = instance_id
     attempt.status = RUNNING
     attempt.started_at = now
@@ -263,6 +282,27 @@ def launch_succeeded(
     session.add_all([attempt, job])
     session.commit()
     return []
+
+
+def node_launched(
+    session: Session, attempt_id: str, rank: int, instance_id: str, now: datetime
+) -> list[ToTerminate]:
+    """Node ``rank`` of a gang attempt has its instance: record it (committed, so a crash
+    before the next node leaves every started instance known). Returns the instance to
+    terminate when the attempt ended meanwhile (a cancel, a stop): empty otherwise."""
+    attempt = locked_attempt(session, attempt_id)
+    row = session.get(AttemptNode, (attempt_id, rank))
+    if row is not None and row.instance_id == instance_id:
+        session.rollback()  # a retried launch: the same token found the same instance
+    else:
+        if row is None:
+            row = AttemptNode(attempt_id=attempt_id, rank=rank, created_at=now)
+        row.instance_id = instance_id
+        session.add(row)
+        session.commit()
+    if attempt.status == LAUNCHING:
+        return []
+    return [ToTerminate(attempt.id, attempt.provider, attempt.region, attempt.zone, instance_id)]
 
 
 def launch_failed(session: Session, attempt_id: str, reason: str, now: datetime) -> int:
@@ -330,7 +370,7 @@ def preempted(
         job.work_done = job.checkpointed_work
         session.add(job)
     session.commit()
-    return [t for t in [ended, *stopped] if t is not None]
+    return [*ended, *stopped]
 
 
 def program_exited(
@@ -377,7 +417,7 @@ def program_exited(
     else:
         stopped = _finish(session, job, JobStatus.FAILED, now, exit_summary(exit_code, tail))
     session.commit()
-    return [t for t in [gone, *stopped] if t is not None]
+    return [*gone, *stopped]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colours and cursor moves in program output
@@ -436,7 +476,7 @@ def lost(
         job.work_done = job.checkpointed_work
         session.add(job)
     session.commit()
-    return [t for t in [ended, *stopped] if t is not None]
+    return [*ended, *stopped]
 
 
 def migrate(session: Session, attempt_id: str, reason: str, now: datetime) -> list[ToTerminate]:
@@ -452,7 +492,7 @@ def migrate(session: Session, attempt_id: str, reason: str, now: datetime) -> li
     job.work_done = job.checkpointed_work
     session.add(job)
     session.commit()
-    return [ended] if ended else []
+    return ended
 
 
 def accrue(
@@ -493,7 +533,7 @@ def accrue(
             job.work_done = job.checkpointed_work
             session.add(job)
         session.commit()
-        return [t for t in [ended, *stopped] if t is not None]
+        return [*ended, *stopped]
     booked = bill(session, job, attempt, now)
     session.flush()
     if booked:

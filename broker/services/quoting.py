@@ -28,14 +28,14 @@ from broker.bundled import bundled_throughput_model
 from broker.core.errors import Infeasible, InvalidInput
 from broker.core.money import to_micros
 from broker.core.offers import OfferTable, overlay
-from broker.core.planner import PlanRequest, PlanSet, rank_plans, resource_mask
+from broker.core.planner import PlanRequest, PlanSet, plan_nodes, rank_plans
 from broker.core.throughput import ThroughputModel, Workload
 from broker.db.models import Job, Team, ThroughputCorrection
 from broker.services import spot_model
 from broker.services.job_spec import JobSpec, ReferenceWorkload
 from broker.services.ledger import job_reserved, job_spent, team_budget
 from broker.services.market_prices import PriceRow, latest, price_rows, version
-from broker.services.plans import ChosenPlan, Replan
+from broker.services.plans import ChosenPlan, Replan, job_plan
 from broker.settings import Settings, get_settings
 from pricing.catalog import bundled_catalog
 
@@ -65,11 +65,24 @@ def corrections(session: Session) -> dict[tuple[str, str], float]:
     return {(model, gpu): factor for model, gpu, factor in session.execute(_CORRECTIONS)}
 
 
+def job_spec(job: Job) -> JobSpec:
+    """The spec a job's re-plans use: its own, with a gang's shape pinned (``gpus`` per
+    machine and ``nodes`` of the job's plan) once the planner chose one, so a gang restarts
+    from its checkpoint on as many machines of as many GPUs as it was written for."""
+    spec = JobSpec.model_validate(job.spec)
+    plan = job_plan(job)
+    if plan is None or plan.nodes <= 1 or spec.resources.nodes is not None:
+        return spec
+    resources = spec.resources.model_copy(update={"gpus": plan.gpu_count, "nodes": plan.nodes})
+    return spec.model_copy(update={"resources": resources})
+
+
 def plan_request(spec: JobSpec, now: datetime, total_work: float, top_n: int = 20) -> PlanRequest:
     """Translate an API job spec into a :class:`PlanRequest` (deadline as hours from ``now``)."""
     r = spec.resources
     return PlanRequest(
         gpus=r.gpus,
+        nodes=r.nodes,
         total_work=total_work,
         deadline_hours=(spec.deadline - now).total_seconds() / 3600.0,
         max_cost_micros=to_micros(spec.max_cost),
@@ -179,8 +192,14 @@ class Planning:
         )
 
     def _rates(
-        self, spec: JobSpec, model: ThroughputModel, offers: OfferTable, mask: np.ndarray
+        self,
+        spec: JobSpec,
+        model: ThroughputModel,
+        offers: OfferTable,
+        mask: np.ndarray,
+        nodes: np.ndarray,
     ) -> np.ndarray:
+        """Work per hour of each masked row's plan (the whole gang's, for a gang)."""
         workload = Workload.from_mapping(spec.workload.model_dump(exclude_none=True))
         rates = np.zeros(len(offers))
         if mask.any():
@@ -191,6 +210,7 @@ class Planning:
                 count,
                 offers.vcpus[mask] / count,
                 offers.ram_gb[mask] / count,
+                nodes=nodes[mask],
             )
         return rates
 
@@ -220,12 +240,13 @@ class Planning:
         if market is not None:
             request = replace(request, market=market)
         offers = self.offers  # one table for the whole quote, even if a sync swaps it
-        mask = resource_mask(request, offers)
+        nodes = plan_nodes(request, offers)
+        mask = nodes > 0
         excluded = list(exclude_zones)
         if excluded:
             mask &= ~np.isin(offers.zone, excluded)
         try:
-            rates = self._cached_rates(spec, learnt, offers, mask)
+            rates = self._cached_rates(spec, learnt, offers, mask, nodes)
         except ValueError as error:
             raise InvalidInput(str(error), "workload") from None
         return rank_plans(request, offers, rates, self.startup_hours)
@@ -236,15 +257,17 @@ class Planning:
         learnt: Mapping[tuple[str, str], float] | None,
         offers: OfferTable,
         mask: np.ndarray,
+        nodes: np.ndarray,
     ) -> np.ndarray:
-        """``_rates``, kept (read-only) per offers table, workload, corrections and mask: a
-        sync swaps the table, which starts a new cache."""
+        """``_rates``, kept (read-only) per offers table, workload, corrections, mask and
+        node counts: a sync swaps the table, which starts a new cache."""
         workload = spec.workload
         key = (
             type(workload).__name__,
             workload.model_dump_json(exclude_none=True),
             tuple(sorted(learnt.items())) if learnt else (),
             mask.tobytes(),
+            nodes.tobytes(),
         )
         table, cache = self._rate_cache
         if table is not offers:
@@ -252,7 +275,7 @@ class Planning:
             self._rate_cache = (offers, cache)
         rates = cache.get(key)
         if rates is None:
-            rates = self._rates(spec, self._model(learnt), offers, mask)
+            rates = self._rates(spec, self._model(learnt), offers, mask, nodes)
             rates.flags.writeable = False
             if len(cache) >= RATE_CACHE_ENTRIES:
                 cache.clear()
@@ -275,7 +298,7 @@ class Planning:
         capacity errors, preemptions) are left out unless nothing else fits.
         """
         self.sync(session)
-        spec = JobSpec.model_validate(job.spec)
+        spec = job_spec(job)
         spent = job_spent(session, job.id)
         team = session.get(Team, job.team_id)
         assert team is not None
@@ -306,12 +329,16 @@ class Planning:
             return Replan([], "budget_exhausted", f"remaining budget too small: {why.message}")
         return Replan([], "deadline_missed", why.message if why else "no plan fits")
 
-    def rate(self, session: Session, job: Job, gpu: str, count: int) -> float:
-        """The job's work per hour on ``count`` ``gpu``s, with the learnt corrections."""
+    def rate(self, session: Session, job: Job, gpu: str, count: int, nodes: int = 1) -> float:
+        """The job's work per hour on ``nodes`` machines of ``count`` ``gpu``s, with the
+        learnt corrections."""
         spec = JobSpec.model_validate(job.spec)
         workload = Workload.from_mapping(spec.workload.model_dump(exclude_none=True))
         model = self._model(corrections(session))
-        return float(model.work_per_hour(workload, np.array([gpu]), np.array([count]))[0])
+        rate = model.work_per_hour(
+            workload, np.array([gpu]), np.array([count]), nodes=np.array([nodes])
+        )
+        return float(rate[0])
 
     def restart_hours(self, job: Job) -> float:
         """Start-up plus restoring the job's checkpoint."""

@@ -17,7 +17,7 @@ from sqlmodel import col, select
 
 from broker import clock
 from broker.db.engine import open_session
-from broker.db.models import Attempt
+from broker.db.models import Attempt, AttemptNode
 from broker.services import lifecycle
 from broker.services.lifecycle import LAUNCHING, RUNNING
 from providers.base import TAG_ATTEMPT, ManagedInstance, Provider, ProviderError
@@ -57,6 +57,8 @@ class _Live:
     provider: str
     region: str
     started_at: datetime | None
+    # A gang's node instances (every rank's, once launched); empty for a single instance.
+    nodes: frozenset[str] = frozenset()
 
 
 def _fail(
@@ -101,7 +103,30 @@ def _live_attempts(engine: Engine) -> dict[str, _Live]:
         rows = session.exec(
             select(Attempt).where(col(Attempt.status).in_((LAUNCHING, RUNNING)))
         ).all()
-        return {a.id: _Live(a.status, a.provider, a.region, a.started_at) for a in rows}
+        gangs = [a.id for a in rows if a.nodes > 1]
+        nodes: dict[str, set[str]] = {}
+        if gangs:
+            for attempt_id, instance_id in session.exec(
+                select(AttemptNode.attempt_id, AttemptNode.instance_id).where(
+                    col(AttemptNode.attempt_id).in_(gangs)
+                )
+            ).all():
+                if instance_id:
+                    nodes.setdefault(attempt_id, set()).add(instance_id)
+        return {
+            a.id: _Live(
+                a.status, a.provider, a.region, a.started_at, frozenset(nodes.get(a.id, ()))
+            )
+            for a in rows
+        }
+
+
+def _whole(attempt: _Live, listed: set[str] | None) -> bool:
+    """Whether a live attempt's instances are all in the listing: its one instance, or every
+    node of a gang."""
+    if not listed:
+        return False
+    return attempt.nodes <= listed
 
 
 def reconcile(
@@ -117,8 +142,9 @@ def reconcile(
     ``min_age_seconds`` (broker clock) old, is an orphan (a crash between launch and commit,
     a terminate that failed) and is terminated; a younger one is left to a later pass (its
     launch may still be on its way to the database). An attempt that was running before the
-    listing began and whose instance is in no listing has lost it: it ends as preempted and
-    the job resumes from its latest checkpoint. A cloud call that fails is logged and counted
+    listing began and whose instance is in no listing has lost it (a gang: any node's): it
+    ends as preempted, a gang's other nodes are terminated, and the job resumes from its
+    latest checkpoint. A cloud call that fails is logged and counted
     in ``failures`` and the pass goes on; attempts of a region that was not listed whole are
     not marked gone on this pass.
     """
@@ -128,14 +154,16 @@ def reconcile(
     live = _live_attempts(engine)  # after the listing: every listed launch has its row by now
     now = clock.now()
 
-    seen: set[str] = set()
+    seen: dict[str, set[str]] = {}  # live attempt -> its instances listed alive
+    listed_alive: dict[str, tuple[Provider, ManagedInstance]] = {}
     orphans: list[tuple[Provider, ManagedInstance]] = []
     for provider, instance in listed:
         if instance.state.status in ("terminated", "preempted"):
             continue
         attempt_id = instance.state.tags.get(TAG_ATTEMPT, "")
-        if attempt_id in live:
-            seen.add(attempt_id)
+        if attempt_id in live:  # every node of a gang carries its attempt's tag
+            seen.setdefault(attempt_id, set()).add(instance.instance_id)
+            listed_alive[instance.instance_id] = (provider, instance)
         elif (now - instance.state.launched_at).total_seconds() < min_age_seconds:
             report.young_unknown.append(instance.instance_id)
         else:
@@ -158,15 +186,24 @@ def reconcile(
         )
 
     for attempt_id, attempt in live.items():
-        if attempt.status != RUNNING or attempt_id in seen:
+        if attempt.status != RUNNING or _whole(attempt, seen.get(attempt_id)):
             continue
         if (attempt.provider, attempt.region) not in whole:
             continue  # its region's listing failed (or no provider lists it)
         if attempt.started_at is None or attempt.started_at > listing_began:
             continue  # launched while the listing ran: its instance may not be in it
         with open_session(engine) as session:
-            lifecycle.preempted(session, attempt_id, now)
+            ended = lifecycle.preempted(session, attempt_id, now)
         report.attempts_marked_gone.append(attempt_id)
+        # A gang whose node is gone stops whole: its nodes still listed are terminated.
+        for item in ended:
+            if item.instance_id in listed_alive:
+                provider, instance = listed_alive[item.instance_id]
+                try:
+                    provider.terminate(instance)
+                except ProviderError as error:
+                    where = (instance.provider, instance.region)
+                    _fail(report, *where, "terminate", instance.instance_id, error)
 
     if report.failures:
         log.warning(

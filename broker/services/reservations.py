@@ -5,7 +5,8 @@ up to the least its remaining work needs on the chosen plan (``Runner.launch`` -
 ``lifecycle.begin_attempt``); steering hands the policy the job's spend, its reservation and
 the cost of finishing on on-demand (``finish_on_demand``), so its budget net keeps spend
 within the reservation. Going on-demand live re-plans on the cheapest on-demand plan that
-meets the deadline (``fallback``), which is what these figures price.
+meets the deadline (``fallback``), which is what these figures price. ``on_demand_only`` is
+what a job would spend on that plan alone, the figure spot saves against.
 """
 
 from __future__ import annotations
@@ -16,20 +17,22 @@ import numpy as np
 from sqlmodel import Session
 
 from broker import clock
-from broker.core.planner import Plan
+from broker.core.planner import Plan, PlanRequest
 from broker.core.reservation import RESERVE_FACTOR, reservation
+from broker.core.spend import plan_on_demand_only
 from broker.db.models import Job
+from broker.services.billing import MIN_BILLED_SECONDS
 from broker.services.job_spec import JobSpec
 from broker.services.plans import ChosenPlan
-from broker.services.quoting import Planning, corrections
+from broker.services.quoting import Planning, corrections, job_spec
 from broker.settings import Settings, get_settings
 
 
 def offer_prices(
     planning: Planning, provider: str, zone: str, instance_type: str
 ) -> tuple[int, int] | None:
-    """(spot, on-demand) micro-dollars per hour of an offer the broker plans on (-1: that
-    market is not offered); None when it plans on no such offer."""
+    """(spot, on-demand) micro-dollars per hour of one machine of an offer the broker plans
+    on (-1: that market is not offered); None when it plans on no such offer."""
     offers = planning.offers
     rows = np.flatnonzero(
         (offers.provider == provider)
@@ -49,11 +52,12 @@ def tick_hours(settings: Settings | None = None) -> float:
 
 def fallback(planning: Planning, session: Session, job: Job, start: datetime) -> Plan | None:
     """The cheapest on-demand plan for the job's work left (from its latest checkpoint),
-    started at ``start``, that meets the deadline (whatever its cost); None when none does."""
+    started at ``start``, that meets the deadline (whatever its cost); None when none does.
+    A gang's is a gang of the same shape (``quoting.job_spec``), priced whole."""
     if start >= job.deadline:
         return None
     plans = planning.quote(
-        JobSpec.model_validate(job.spec),
+        job_spec(job),
         start,
         learnt=corrections(session),
         work_left=job.total_work - job.checkpointed_work,
@@ -128,3 +132,17 @@ def job_reservation(
         only = float(on_demand.expected_cost_micros)
         bound = _bound(planning, job, on_demand, tick, factor, only)
     return min(job.max_cost_micros, int(bound))  # down: the proof needs only po x (W + R)
+
+
+def on_demand_only(spec: JobSpec, plan: Plan | None, startup_hours: float) -> int | None:
+    """What ``spec`` would spend on the on-demand ``plan`` alone (the quote's cheapest on-time
+    one), booked as spend is (``broker.core.spend``); None without such a plan."""
+    if plan is None:
+        return None
+    return plan_on_demand_only(
+        plan,
+        startup_hours=startup_hours,
+        interval_hours=spec.checkpoint.interval_minutes / 60.0,
+        write_hours=spec.checkpoint.size_gb * PlanRequest.checkpoint_seconds_per_gb / 3600.0,
+        min_billed_seconds=MIN_BILLED_SECONDS.get(plan.provider, 60.0),
+    )

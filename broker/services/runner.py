@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -40,6 +40,7 @@ from providers.base import (
     CapacityError,
     InstanceNotFound,
     InstanceRef,
+    InstanceState,
     Provider,
     ProviderError,
     QuotaError,
@@ -157,9 +158,9 @@ class Runner:
                 return None
             if not may_launch(self.controls, live_counts(session), job.team_id):
                 return None  # the job waits (queued or preempted) for a free slot
-            tried: set[tuple[str, str, str]] = set()
+            tried: set[tuple[str, str, str, int]] = set()
             for choice in self._choices(session, job, now, replan.choices[:3], market):
-                offer = (choice.zone, choice.instance_type, choice.market)
+                offer = (choice.zone, choice.instance_type, choice.market, choice.nodes)
                 if offer in tried:
                     continue
                 tried.add(offer)
@@ -231,32 +232,38 @@ class Runner:
         return self.tick_seconds * clock.scale() / 3600
 
     def _launch_attempt(self, session: Session, job: Job, attempt: Attempt) -> str | None:
+        """Launch the attempt's instance, or a gang's nodes 0..N-1 in turn (each recorded as
+        it returns, each with its own idempotency token, so a retry finds the same ones);
+        a refusal of any node ends the attempt and terminates the nodes already started."""
         provider = self.providers[attempt.provider]
-        request = launch_request(job, attempt, api_url=self.api_url, agent_secret=self.agent_secret)
-        try:
-            ref = provider.launch(request)
-        except CapacityError as error:
-            PROVIDER_ERRORS.labels(attempt.provider, "capacity").inc()
-            lifecycle.launch_failed(session, attempt.id, "capacity", clock.now())
-            log.info("no capacity: %s", error, extra={"job_id": job.id, "zone": attempt.zone})
-            return None
-        except QuotaError as error:
-            PROVIDER_ERRORS.labels(attempt.provider, "quota").inc()
-            lifecycle.launch_failed(session, attempt.id, "quota", clock.now())
-            log.warning("quota: %s", error, extra={"job_id": job.id})
-            return None
-        except TransientError:
-            PROVIDER_ERRORS.labels(attempt.provider, "transient").inc()
-            raise  # the adapter already retried; let the task retry the same attempt later
-        except ProviderError as error:
-            PROVIDER_ERRORS.labels(attempt.provider, "other").inc()
-            lifecycle.launch_failed(session, attempt.id, "failed", clock.now())
-            log.warning("launch failed: %s", error, extra={"job_id": job.id})
-            return None
+        first: str | None = None
+        for rank in range(attempt.nodes):
+            request = launch_request(
+                job, attempt, api_url=self.api_url, agent_secret=self.agent_secret, node_rank=rank
+            )
+            try:
+                ref = provider.launch(request)
+            except TransientError:
+                PROVIDER_ERRORS.labels(attempt.provider, "transient").inc()
+                raise  # the adapter already retried; let the task retry the same attempt later
+            except ProviderError as error:
+                self._launch_refused(session, job, attempt, rank, error)
+                return None
+            if attempt.nodes > 1:
+                late = lifecycle.node_launched(
+                    session, attempt.id, rank, ref.instance_id, clock.now()
+                )
+                if late:  # the attempt ended meanwhile (a cancel, a stop)
+                    self._terminate(late)
+                    return None
+                if rank < attempt.nodes - 1:
+                    fault_point("between_nodes")
+            first = first or ref.instance_id
+        assert first is not None
         fault_point("after_launch")
         self._terminate(
             lifecycle.launch_succeeded(
-                session, attempt.id, ref.instance_id, clock.now(), lease_seconds=self.lease_seconds
+                session, attempt.id, first, clock.now(), lease_seconds=self.lease_seconds
             )
         )
         log.info(
@@ -266,9 +273,31 @@ class Runner:
                 "attempt_id": attempt.id,
                 "zone": attempt.zone,
                 "market": attempt.market,
+                "nodes": attempt.nodes,
             },
         )
         return attempt.id
+
+    def _launch_refused(
+        self, session: Session, job: Job, attempt: Attempt, rank: int, error: ProviderError
+    ) -> None:
+        """End an attempt whose launch (of node ``rank``) the cloud refused, then terminate
+        the nodes of its gang that did start: no partial gang is left running."""
+        if isinstance(error, CapacityError):
+            reason, label = "capacity", "capacity"
+        elif isinstance(error, QuotaError):
+            reason, label = "quota", "quota"
+        else:
+            reason, label = "failed", "other"
+        PROVIDER_ERRORS.labels(attempt.provider, label).inc()
+        started = lifecycle.attempt_instances(session, attempt)
+        lifecycle.launch_failed(session, attempt.id, reason, clock.now())
+        self._terminate(started)
+        where = {"job_id": job.id, "attempt_id": attempt.id, "zone": attempt.zone, "node": rank}
+        if reason == "capacity":
+            log.info("no capacity: %s", error, extra=where)
+        else:
+            log.warning("launch %s: %s", reason, error, extra=where)
 
     # -- watching -------------------------------------------------------------------------
 
@@ -308,8 +337,46 @@ class Runner:
                     counts[team_id] = counts.get(team_id, 0) + 1
         return report
 
-    def observe(self, attempt_id: str) -> None:
-        """Poll one attempt's instance: book spend, notice preemption, finish or steer."""
+    def observe_many(self, attempt_ids: Sequence[str]) -> int:
+        """Observe a batch of attempts: their instances are described together, one
+        ``describe_many`` per provider and region (a region whose describe fails leaves its
+        attempts to the next tick), then each attempt is decided as ``observe`` does, at the
+        time the cloud answered. Returns how many cloud calls' worth of regions it asked."""
+        groups: dict[tuple[str, str], list[InstanceRef]] = {}
+        with self._session() as session:
+            attempts = session.exec(
+                select(Attempt).where(
+                    col(Attempt.id).in_(list(attempt_ids)), col(Attempt.status) == RUNNING
+                )
+            ).all()
+            for attempt in attempts:
+                for item in lifecycle.attempt_instances(session, attempt):
+                    ref = InstanceRef(item.provider, item.region, item.zone, item.instance_id)
+                    groups.setdefault((item.provider, item.region), []).append(ref)
+        known: dict[InstanceRef, InstanceState | None] = {}
+        failed: set[tuple[str, str]] = set()
+        for (provider, region), refs in groups.items():
+            try:
+                known.update(self.providers[provider].describe_many(refs))
+            except TransientError as error:
+                PROVIDER_ERRORS.labels(provider, "transient").inc()
+                log.info("describe of %s %s failed, next tick: %s", provider, region, error)
+                failed.add((provider, region))
+        observed_at = clock.now()  # the batch's decisions stand at the cloud's answer
+        for attempt_id in attempt_ids:
+            self.observe(attempt_id, known=known, skip_regions=failed, observed_at=observed_at)
+        return len(groups)
+
+    def observe(
+        self,
+        attempt_id: str,
+        *,
+        known: Mapping[InstanceRef, InstanceState | None] | None = None,
+        skip_regions: set[tuple[str, str]] | None = None,
+        observed_at: datetime | None = None,
+    ) -> None:
+        """Poll one attempt's instance: book spend, notice preemption, finish or steer.
+        ``known``: states a batch describe already returned (``observe_many``)."""
         with self._session() as session:
             attempt = session.get(Attempt, attempt_id)
             if attempt is None or attempt.status not in (LAUNCHING, RUNNING):
@@ -319,14 +386,10 @@ class Runner:
             if attempt.status == LAUNCHING:
                 self._launch_attempt(session, job, attempt)
                 return
-            ref = InstanceRef(
-                attempt.provider, attempt.region, attempt.zone, attempt.instance_id or ""
-            )
+            if skip_regions and (attempt.provider, attempt.region) in skip_regions:
+                return
             try:
-                state = self.providers[attempt.provider].describe(ref)
-            except InstanceNotFound:
-                PROVIDER_ERRORS.labels(attempt.provider, "not_found").inc()
-                state = None
+                state = self._describe(session, attempt, known)
             except TransientError as error:
                 PROVIDER_ERRORS.labels(attempt.provider, "transient").inc()
                 log.info("describe failed, next tick: %s", error, extra={"attempt_id": attempt_id})
@@ -334,12 +397,14 @@ class Runner:
             # Every decision below stands at the observation's time: when the cloud answered
             # (on a loaded scaled clock a describe can take broker-minutes), not when the
             # tick asked for it nor when the task began.
-            now = clock.now()
+            now = clock.now() if observed_at is None or known is None else observed_at
             session.refresh(attempt)  # what the agent reported up to the observation
             if attempt.status != RUNNING:
                 return  # it ended meanwhile (the agent's exit report, a cancel)
             if state is None or state.status in ("terminated", "preempted"):
-                lifecycle.preempted(session, attempt_id, now)
+                ended = lifecycle.preempted(session, attempt_id, now)
+                if attempt.nodes > 1:
+                    self._terminate(ended)  # a gang stops whole when one node is gone
                 calibrate(self.planning, session, attempt_id)
                 log.info(
                     "instance gone: %s",
@@ -373,6 +438,42 @@ class Runner:
                 )
             else:
                 self._steer(session, job, attempt, now)
+
+    def _describe(
+        self,
+        session: Session,
+        attempt: Attempt,
+        known: Mapping[InstanceRef, InstanceState | None] | None = None,
+    ) -> InstanceState | None:
+        """The state of a running attempt's instance: None when the cloud does not know it.
+        A gang's nodes are described in one call; the first node that is gone (not found,
+        terminated, preempted) stands for the gang, else node 0's state does. States a
+        batch describe returned (``known``) are used as they are."""
+        provider = self.providers[attempt.provider]
+        refs = [
+            InstanceRef(item.provider, item.region, item.zone, item.instance_id)
+            for item in lifecycle.attempt_instances(session, attempt)
+        ] or [InstanceRef(attempt.provider, attempt.region, attempt.zone, "")]
+        if known is not None and all(ref in known for ref in refs):
+            states: Mapping[InstanceRef, InstanceState | None] = known
+        elif attempt.nodes <= 1:
+            try:
+                return provider.describe(refs[0])
+            except InstanceNotFound:
+                PROVIDER_ERRORS.labels(attempt.provider, "not_found").inc()
+                return None
+        else:
+            states = provider.describe_many(refs)
+        if len(refs) < attempt.nodes:
+            return None  # a running gang lacks a node's record: not a whole gang
+        for ref in refs:
+            state = states.get(ref)
+            if state is None:
+                PROVIDER_ERRORS.labels(attempt.provider, "not_found").inc()
+                return None
+            if state.status in ("terminated", "preempted"):
+                return state
+        return states[refs[0]]
 
     def _lost(self, session: Session, attempt: Attempt, now: datetime) -> bool:
         """End a running attempt whose agent has been silent too long (its instance runs,

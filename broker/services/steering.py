@@ -141,7 +141,8 @@ def policy_state(
     count = attempt.gpu_count if attempt else (plan.gpu_count if plan else None)
     if not gpu or not count:
         return None
-    rate = planning.rate(session, job, gpu, int(count))
+    nodes = attempt.nodes if attempt else (plan.nodes if plan else 1)
+    rate = planning.rate(session, job, gpu, int(count), int(nodes))
     if rate <= 0:
         return None
     restart = planning.restart_hours(job)
@@ -190,14 +191,17 @@ def policy_state(
 
 
 def _prices(planning: Planning, where: Attempt | ChosenPlan) -> tuple[float, float]:
-    """$/h on spot and on-demand of the offer a job runs or plans on. A market the offer
-    lacks (or an offer no longer planned on) takes the other's price, or the one it pays."""
+    """$/h on spot and on-demand of the offer a job runs or plans on, a gang's whole (its
+    machine's price x its nodes, as it pays). A market the offer lacks (or an offer no
+    longer planned on) takes the other's price, or the one it pays."""
     if isinstance(where, Attempt):
         paid = where.price_micros_per_hour
     else:
         paid = where.price_per_hour_micros
     listed = offer_prices(planning, where.provider, where.zone, where.instance_type)
     spot, on_demand = listed if listed is not None else (-1, -1)
+    nodes = max(int(where.nodes), 1)
+    spot, on_demand = (p * nodes if p >= 0 else p for p in (spot, on_demand))
     if where.market == "spot":
         spot = paid
     else:

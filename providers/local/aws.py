@@ -1,6 +1,7 @@
 """Local AWS: moto's server in-process (EC2, S3) behind a middleware that adds what
 moto lacks and the broker relies on: ClientToken idempotency, spot capacity from the
-market replay, spot interruptions with their two-minute notice, injected faults, prices
+market replay, spot interruptions with their two-minute notice, injected faults, placement
+groups (``aws_placement.py``), prices
 (the Price List API and the spot price history, ``aws_pricing.py``), and real instances:
 the user data script of each launch runs as a local process (``LocalInstances``)."""
 
@@ -34,6 +35,7 @@ from providers.local.aws_launch import (
     gpu_of_instance_type,
     request_tags,
 )
+from providers.local.aws_placement import PlacementGroups
 from providers.local.aws_pricing import AwsPrices, pricing_fault
 from providers.local.aws_spot_history import describe_spot_price_history
 from providers.local.faults import Fault, FaultInjector
@@ -114,12 +116,16 @@ class CloudBehaviour:
         market: MarketReplay | None,
         faults: FaultInjector | None,
         instances: LocalInstances | None = None,
+        capacity: dict[tuple[str, str], int] | None = None,
     ) -> None:
         self.app = app
         self.market = market
         self.faults = faults
         self.instances = instances
+        # (zone name, instance type) -> how many live instances of it the zone holds at most
+        self.capacity = capacity if capacity is not None else {}
         self.prices = AwsPrices(market)
+        self.placement_groups = PlacementGroups()
         self._launch_lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Any:
@@ -149,6 +155,9 @@ class CloudBehaviour:
             return describe_spot_price_history(self.prices, params, region, start_response)
         if params.get("Action") == "TerminateInstances":
             return self._terminate(params, environ, start_response)
+        placement = self.placement_groups.handle(params, region, start_response, ec2_error)
+        if placement is not None:
+            return placement
         if params.get("Action") != "RunInstances":
             return self.app(environ, start_response)
         with self._launch_lock:  # one RunInstances at a time keeps the token check exact
@@ -156,6 +165,11 @@ class CloudBehaviour:
             existing = self._find_by_token(token) if token else None
             if existing is not None:
                 return _xml_response(start_response, "200 OK", _run_instances_xml(*existing))
+            unknown = self.placement_groups.refusal(params, region)
+            if unknown:
+                return ec2_error(
+                    start_response, "400 Bad Request", "InvalidPlacementGroup.Unknown", unknown
+                )
             refusal = self._capacity_refusal(params)
             if refusal:
                 return ec2_error(
@@ -212,16 +226,29 @@ class CloudBehaviour:
     def _capacity_refusal(self, params: dict[str, str]) -> str | None:
         zone = params.get("Placement.AvailabilityZone")
         is_spot = params.get("InstanceMarketOptions.MarketType") == "spot"
-        if not (is_spot and zone and self.market):
-            return None
         instance_type = params.get("InstanceType", "m1.small")
-        gpu = gpu_of_instance_type(instance_type)
-        if self.market.is_available("aws", zone, gpu):
-            return None
+        limit = self.capacity.get((zone or "", instance_type))
+        full = limit is not None and self._live(zone or "", instance_type) >= limit
+        if not full:
+            if not (is_spot and zone and self.market):
+                return None
+            if self.market.is_available("aws", zone, gpu_of_instance_type(instance_type)):
+                return None
         return (
             f"We currently do not have sufficient {instance_type} capacity in the "
             f"Availability Zone you requested ({zone}). Our system will be working on "
             "provisioning additional capacity."
+        )
+
+    @staticmethod
+    def _live(zone: str, instance_type: str) -> int:
+        """How many instances of ``instance_type`` run (or start) in ``zone`` now."""
+        return sum(
+            1
+            for _, _, i in _ec2_instances()
+            if i.instance_type == instance_type
+            and i.placement.zone == zone
+            and i.state in ("pending", "running")
         )
 
 
@@ -347,6 +374,7 @@ class LocalAws:
         self.faults = faults
         self.instances = instances
         self.reclaimer = SpotReclaimer(instances, spot_notice_seconds)
+        self.capacity: dict[tuple[str, str], int] = {}
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -364,6 +392,7 @@ class LocalAws:
             self.market,
             self.faults,
             self.instances,
+            self.capacity,
         )
         app.prices.offer_catalog_types()
         self._server = make_server(
@@ -377,6 +406,15 @@ class LocalAws:
             self.market.attach(self.reclaimer)
         logger.info("local AWS listening", extra={"endpoint_url": self.endpoint_url})
         return self
+
+    def set_capacity(self, zone: str, instance_type: str, instances: int | None) -> None:
+        """Let ``zone`` (a zone name) hold at most ``instances`` live instances of
+        ``instance_type``, on any market: a launch past it is refused with EC2's
+        InsufficientInstanceCapacity (a gang that finds room for 3 nodes of 4). None lifts it."""
+        if instances is None:
+            self.capacity.pop((zone, instance_type), None)
+        else:
+            self.capacity[(zone, instance_type)] = int(instances)
 
     def stop(self) -> None:
         """Stop serving and release the port."""

@@ -165,3 +165,31 @@ print(broker_sdk.should_stop())
         [sys.executable, "-c", on_sigterm], capture_output=True, text=True, env=env, timeout=20
     )
     assert (done.returncode, done.stdout) == (0, "True\n"), done.stderr
+
+
+def test_the_sdk_says_the_nodes_rank_count_and_rendezvous() -> None:
+    source = f"""
+import sys
+sys.path.insert(0, {str(SDK.parent)!r})
+import broker_sdk
+print(broker_sdk.node_rank(), broker_sdk.num_nodes(), broker_sdk.master())
+"""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
+    gang = agent.gang_env(
+        {"node_rank": 2, "nodes": 4, "master_addr": "10.1.2.3", "master_port": 29500}
+    )
+    for env, expected in (
+        (base, "0 1 None"),
+        ({**base, **agent.gang_env(None)}, "0 1 None"),
+        ({**base, **gang}, "2 4 ('10.1.2.3', 29500)"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", source], capture_output=True, text=True, env=env, timeout=20
+        )
+        assert done.stdout.strip() == expected, done.stderr
+    assert (gang["NODE_RANK"], gang["NNODES"], gang["MASTER_ADDR"], gang["MASTER_PORT"]) == (
+        "2",
+        "4",
+        "10.1.2.3",
+        "29500",
+    )

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -171,3 +172,79 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path: Path) -> None:
     )
     other = train("--seed", "2", "--steps", "40", BROKER_CHECKPOINT_DIR=str(tmp_path))
     assert other.returncode != 0 and "another run" in other.stderr
+
+
+def gang_of_two(tmp_path: Path, *args: str) -> list[subprocess.CompletedProcess]:
+    """train.py as node 0 and node 1 of a gang on this host (folders node0, node1), to the end."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(TRAIN), "--seed", "5", "--steps", "60", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(
+                BROKER_CHECKPOINT_DIR=str(tmp_path / f"node{rank}"),
+                BROKER_NUM_NODES="2",
+                BROKER_NODE_RANK=str(rank),
+                BROKER_MASTER_ADDR="127.0.0.1",
+                BROKER_MASTER_PORT=str(port),
+            ),
+        )
+        for rank in (0, 1)
+    ]
+    done = []
+    for process in processes:
+        out, err = process.communicate(timeout=30)
+        done.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
+    return done
+
+
+def test_a_gang_trains_in_lockstep_and_only_node_0_checkpoints_and_reports(
+    tmp_path: Path,
+) -> None:
+    node0, node1 = gang_of_two(tmp_path)
+
+    assert (node0.returncode, node1.returncode) == (0, 0), node0.stderr + node1.stderr
+    assert progress(node0.stdout)[-1] == (60.0, str(tmp_path / "node0" / "model.npz"))
+    assert progress(node1.stdout) == [] and not (tmp_path / "node1" / "model.npz").exists()
+    last = [line for line in node0.stdout.splitlines() if line.startswith("train: done")]
+    assert last and last[0] in node1.stdout.splitlines()  # the same model on both nodes
+    alone = train("--seed", "5", "--steps", "60", BROKER_CHECKPOINT_DIR=str(tmp_path / "alone"))
+    assert last[0] in alone.stdout.splitlines()  # and the single-node run's
+
+
+def test_a_gang_whose_nodes_restored_different_checkpoints_refuses_to_train(
+    tmp_path: Path,
+) -> None:
+    first = train(
+        "--seed",
+        "5",
+        "--steps",
+        "60",
+        "--fail-at-step",
+        "30",
+        "--checkpoint-every",
+        "10",
+        BROKER_CHECKPOINT_DIR=str(tmp_path / "node0"),
+    )
+    assert first.returncode == 1
+
+    node0, node1 = gang_of_two(tmp_path)
+
+    assert (node0.returncode, node1.returncode) == (1, 1)
+    assert "node 1 restored step 0, node 0 step 30" in node0.stderr
+    assert "node 0 said 'stop node 1 restored step 0, node 0 30'" in node1.stderr
+
+
+def test_a_gang_node_whose_peer_vanishes_exits_1_saying_so(tmp_path: Path) -> None:
+    node0, node1 = gang_of_two(
+        tmp_path, "--fail-at-step", "20", "--fail-node", "1", "--exit-code", "3"
+    )
+
+    assert (node0.returncode, node1.returncode) == (1, 3)
+    assert "train: node 0: node 1 vanished (connection closed): stopping" in node0.stderr
+    assert "boom at step 20" in node1.stderr
+    assert progress(node0.stdout)[-1][0] <= 21  # it stopped at the barrier node 1 missed

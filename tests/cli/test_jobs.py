@@ -211,3 +211,20 @@ def test_logs_prints_every_attempt_or_one_and_follows_to_the_end(
     )
     worker.join()
     assert followed == "epoch 1\nepoch 2\nepoch 3\ndone\n"
+
+
+def test_show_a_gang_job_names_its_machines(broker_cli, team_key, tmp_path, db_engine, clock):
+    _, token = team_key
+    spec = job_file(tmp_path, resources="{gpus: 32, gpu_types: [H100]}", max_cost='"900.00"')
+    job_id = submitted_id(ok(broker_cli("jobs", "submit", str(spec), token=token)))
+    with Session(db_engine, expire_on_commit=False) as session:
+        plan = job_plan(session.get(Job, job_id))
+        assert plan is not None and (plan.nodes, plan.gpu_count) == (4, 8)
+        attempt, _ = lifecycle.begin_attempt(session, job_id, plan, clock.now())
+        lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now(), lease_seconds=LEASE)
+    shown = ok(broker_cli("jobs", "show", job_id, token=token))
+    assert f"4 x {plan.instance_type} H100 x8 (32 GPUs)" in shown
+    assert "nodes" in shown
+    row = next(line for line in shown.splitlines() if attempt.id in line)
+    cells = [c.strip() for c in row.replace("│", "|").split("|") if c.strip()]
+    assert cells[cells.index(plan.instance_type) + 1] == "4"

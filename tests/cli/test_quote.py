@@ -32,3 +32,14 @@ def test_infeasible_quote_prints_the_api_message(broker_cli, team_key, tmp_path)
     _, token = team_key
     out = failed(broker_cli("quote", str(job_file(tmp_path, max_cost='"0.01"')), token=token))
     assert "infeasible" in out and "HTTP 422" in out
+
+
+def test_a_gang_quote_prints_its_nodes_and_whole_price(broker_cli, team_key, tmp_path):
+    _, token = team_key
+    spec = job_file(tmp_path, resources="{gpus: 32, gpu_types: [H100]}", max_cost='"5000.00"')
+    out = ok(broker_cli("quote", str(spec), token=token))
+    assert "nodes" in out
+    first_row = next(line for line in out.splitlines() if re.match(r"\W*1\W", line))
+    cells = [c.strip() for c in re.split(r"[│|]", first_row) if c.strip()]
+    assert "4" in cells and "H100 x8" in cells
+    assert "cheapest on-demand" in out and "4 x " in out and "(32 GPUs)" in out

@@ -223,6 +223,94 @@ def test_auto_spot_needs_room_for_the_fallback_before_the_deadline() -> None:
 
 # Properties --------------------------------------------------------------------------------------
 
+
+# Gangs ------------------------------------------------------------------------------------
+
+
+def gang_offers() -> list[Offer]:
+    return [
+        offer(gpu="H100", count=8, od=10_000_000, spot=3_000_000, risk=0.05, zone="use1-az1"),
+        offer(gpu="H100", count=8, od=11_000_000, spot=2_500_000, risk=0.05, zone="use1-az2"),
+        offer(gpu="H100", count=4, od=5_000_000, zone="use1-az3"),
+        offer(gpu="H100", count=1, od=1_300_000, zone="use1-az1"),  # 32 nodes: too many
+        offer(gpu="H100", count=3, od=3_000_000, zone="use1-az1"),  # 32 is no multiple of 3
+    ]
+
+
+def test_more_gpus_than_one_machine_holds_plan_gangs_of_one_offer_each() -> None:
+    offers = gang_offers()
+    result = plan(offers, [10.0] * 5, gpus=32, nodes=None, deadline_hours=100.0)
+    assert {(p.offer_index, p.nodes) for p in result.plans} == {(0, 4), (1, 4), (2, 8)}
+    for p in result.plans:
+        o = offers[p.offer_index]
+        assert (p.zone, p.instance_type, p.gpu_count) == (o.zone, o.instance_type, o.gpu_count)
+        assert p.nodes * p.gpu_count == 32
+        each = o.spot_micros_per_hour if p.market == "spot" else o.on_demand_micros_per_hour
+        assert p.price_per_hour_micros == p.nodes * each
+    keys = [(p.expected_cost_micros, p.expected_hours) for p in result.plans]
+    assert keys == sorted(keys)
+    assert result.cheapest_on_demand is not None and result.cheapest_on_demand.nodes > 1
+
+
+def test_a_job_one_machine_can_hold_stays_on_one_machine_unless_nodes_say_otherwise() -> None:
+    offers = [*gang_offers(), offer(gpu="A100", count=16, od=40_000_000, zone="use1-az4")]
+    rates = [10.0] * len(offers)
+    single = plan(offers, rates, gpus=16, nodes=None, deadline_hours=100.0)
+    assert {(p.offer_index, p.nodes) for p in single.plans} == {(5, 1)}
+    h100 = plan(offers, rates, gpus=16, nodes=None, gpu_types=("H100",), deadline_hours=100.0)
+    assert {(p.offer_index, p.nodes) for p in h100.plans} == {(0, 2), (1, 2), (2, 4), (3, 16)}
+    asked = plan(offers, rates, gpus=8, nodes=2, deadline_hours=100.0)
+    assert {(p.offer_index, p.nodes) for p in asked.plans} == {(0, 2), (1, 2)}
+    one = plan(offers, rates, gpus=8, nodes=1, deadline_hours=100.0)
+    assert {(p.offer_index, p.nodes) for p in one.plans} == {(0, 1), (1, 1)}
+
+
+def test_no_split_into_identical_machines_says_how_gangs_are_formed() -> None:
+    result = plan(gang_offers()[:2], [10.0, 10.0], gpus=12, nodes=None)
+    why = result.infeasible_reason
+    assert not result.plans and why is not None and why.reason == "no_matching_offer"
+    assert "gpus=12" in why.message and "N identical machines" in why.message
+    assert "GPU counts of one machine: 8" in why.message
+
+
+@pytest.mark.parametrize("market", ["auto", "spot", "on_demand"])
+def test_a_gang_is_its_offer_at_n_times_the_price_and_n_times_the_preemption_rate(market) -> None:
+    """Any node preempted stops the gang: the planner's figures are those of one machine
+    that costs N x as much and is preempted N x as often."""
+    n, od, spot, risk = 4, 1_000_000, 300_000, 0.2
+    gang = plan(
+        [offer(count=8, od=od, spot=spot, risk=risk)], [10.0], gpus=8, nodes=n, market=market
+    )
+    alone = plan(
+        [offer(count=8, od=n * od, spot=n * spot, risk=n * risk)], [10.0], gpus=8, market=market
+    )
+    assert gang.plans and len(gang.plans) == len(alone.plans)
+    for g, a in zip(gang.plans, alone.plans, strict=True):
+        assert g.nodes == n and a.nodes == 1
+        assert replace(g, nodes=1) == a
+    # ... and more preemption than one machine: a lower chance on spot for the same window.
+    single = plan([offer(count=8, od=od, spot=spot, risk=risk)], [10.0], gpus=8, market=market)
+    if market == "spot":
+        assert gang.plans[0].spot_window_hours >= single.plans[0].spot_window_hours
+        assert gang.plans[0].expected_hours > single.plans[0].expected_hours
+
+
+def test_an_auto_gang_s_worst_case_is_the_reservation_bound_on_whole_gang_prices() -> None:
+    offers = [replace(o, spot_risk=0.5) for o in gang_offers()]  # x4: a preemption an hour
+    result = plan(offers, [10.0] * 5, gpus=32, nodes=None, deadline_hours=100.0, tick_hours=0.1)
+    cheapest = result.cheapest_on_demand
+    assert cheapest is not None and cheapest.nodes > 1
+    # RESERVE_FACTOR x the on-demand-only cost (the whole gang's), or its price for the
+    # run and a tick if more: ``broker.core.reservation``.
+    price = cheapest.expected_cost_micros / cheapest.expected_hours
+    bound = math.ceil(
+        max(price * (cheapest.expected_hours + 0.1), 1.5 * cheapest.expected_cost_micros)
+    )
+    spot = [p for p in result.plans if p.market == "spot"]
+    assert spot and all(p.worst_case_cost_micros <= bound for p in spot)
+    assert any(p.worst_case_cost_micros == bound for p in spot)  # the cap binds
+
+
 GPUS = ("V100", "T4", "A100")
 REGIONS = ("us-east-1", "us-west-2", "us-central1")
 
@@ -254,7 +342,8 @@ def catalogs(draw: st.DrawFn) -> tuple[list[Offer], list[float]]:
 @st.composite
 def requests(draw: st.DrawFn) -> PlanRequest:
     return request(
-        gpus=draw(st.sampled_from((1, 2))),
+        gpus=draw(st.sampled_from((1, 2, 4))),
+        nodes=draw(st.sampled_from((1, 2, None))),
         total_work=draw(st.floats(0.5, 50.0)),
         deadline_hours=draw(st.floats(0.5, 200.0)),
         max_cost_micros=draw(st.integers(1_000_000, 5_000_000_000)),
@@ -298,6 +387,9 @@ def test_a_smaller_budget_never_lowers_the_cost(catalog, req, shrink) -> None:
 @given(catalogs(), requests(), st.data())
 def test_removing_offers_never_lowers_the_cost(catalog, req, data) -> None:
     offers, rates = catalog
+    # Without ``nodes``, removing the only machine big enough for the job opens gangs to it
+    # (a choice of the rule, ``broker.core.gangs``): the property is for a fixed shape.
+    req = replace(req, nodes=req.nodes or 1)
     keep = data.draw(st.lists(st.booleans(), min_size=len(offers), max_size=len(offers)))
     table, wph = OfferTable.from_offers(offers), np.array(rates)
     subset = np.flatnonzero(keep)
@@ -313,7 +405,12 @@ def test_every_plan_meets_every_constraint(catalog, req) -> None:
     for p in result.plans:
         o = offers[p.offer_index]
         assert rates[p.offer_index] > 0
-        assert o.gpu_count == p.gpu_count == req.gpus
+        assert o.gpu_count == p.gpu_count
+        if req.nodes is None:
+            assert p.nodes * p.gpu_count == req.gpus
+            assert p.nodes == 1 or p.gpu_count < req.gpus
+        else:
+            assert (p.nodes, p.gpu_count) == (req.nodes, req.gpus)
         assert req.gpu_types is None or o.gpu in req.gpu_types
         assert req.providers is None or o.provider in req.providers
         assert req.regions is None or o.region in req.regions
@@ -325,10 +422,10 @@ def test_every_plan_meets_every_constraint(catalog, req) -> None:
         if p.market == "on_demand":
             assert req.market != "spot"
             assert p.expected_hours <= req.deadline_hours
-            assert p.price_per_hour_micros == o.on_demand_micros_per_hour
+            assert p.price_per_hour_micros == o.on_demand_micros_per_hour * p.nodes
         else:
             assert req.market != "on_demand" and o.has_spot
-            assert p.price_per_hour_micros == o.spot_micros_per_hour
+            assert p.price_per_hour_micros == o.spot_micros_per_hour * p.nodes
             assert p.spot_window_hours is not None
             if req.market == "spot":
                 assert p.spot_window_hours <= req.deadline_hours

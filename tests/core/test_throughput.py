@@ -283,3 +283,37 @@ def test_three_thousand_offers_take_well_under_a_millisecond_or_so() -> None:
     assert rates.shape == (3000,) and rates.dtype == np.float64
     assert elapsed < 0.005  # ~0.4 ms on a 2-core box; loose for a loaded CI machine
     assert math.isfinite(float(rates.sum()))
+
+
+# Gangs: N machines -------------------------------------------------------------------------
+
+
+def test_a_gang_runs_n_times_one_machine_times_the_model_s_efficiency() -> None:
+    gpus, counts = np.array(["V100", "H100", "A100"]), np.array([8, 8, 4])
+    nodes = np.array([4, 2, 1])
+    for workload in (
+        Workload(model="Transformer", batch_size=64, steps=1000),
+        Workload(reference_gpu_hours=100.0),
+    ):
+        one = MODEL.work_per_hour(workload, gpus, counts)
+        gang = MODEL.work_per_hour(workload, gpus, counts, nodes=nodes)
+        efficiency = MODEL.efficiency(workload.model, nodes)
+        assert gang == pytest.approx(one * nodes * efficiency)
+        assert gang[2] == one[2] and efficiency[2] == 1.0  # one node: as before
+        assert 0 < efficiency[0] < 1 and gang[0] > one[0]
+
+
+def test_a_gang_s_learnt_correction_replaces_its_gpu_s_and_leaves_one_machine_alone() -> None:
+    workload = Workload(model="ResNet-50", batch_size=64, steps=1000)
+    gpu, count = np.array(["H100", "H100"]), np.array([8, 8])
+    nodes = np.array([1, 4])
+    raw = MODEL.work_per_hour(workload, gpu, count, nodes=nodes)
+    single = MODEL.with_corrections({("ResNet-50", "H100"): 0.5})
+    assert single.work_per_hour(workload, gpu, count, nodes=nodes) == pytest.approx(raw * 0.5)
+    both = MODEL.with_corrections({("ResNet-50", "H100"): 0.5, ("ResNet-50", "H100 x4 nodes"): 2})
+    corrected = both.work_per_hour(workload, gpu, count, nodes=nodes)
+    assert corrected == pytest.approx([raw[0] * 0.5, raw[1] * 2.0])
+    # Another node count of the same GPU keeps the GPU's own correction.
+    other = both.work_per_hour(workload, gpu[:1], count[:1], nodes=np.array([2]))
+    plain = MODEL.work_per_hour(workload, gpu[:1], count[:1], nodes=np.array([2]))
+    assert other == pytest.approx(plain * 0.5)

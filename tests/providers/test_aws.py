@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
 import uuid
 from typing import Any
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 
 from providers.aws import AwsProvider
 from providers.aws_setup import IMAGE_NAMES, SECURITY_GROUP
-from providers.base import LaunchRequest, ProviderError
+from providers.base import CapacityError, LaunchRequest, ProviderError
 from providers.boot import boot_script
 from providers.local import LocalCloud
 from providers.retry import FAST_RETRY
@@ -226,3 +228,46 @@ def test_the_agent_token_stays_out_of_botocores_debug_logs(
     encoded = base64.b64encode(request.boot_script.encode()).decode()
     assert "user data omitted" in caplog.text
     assert "att_1.secret" not in caplog.text and encoded[:60] not in caplog.text
+
+
+def test_a_gangs_placement_group_is_made_once_and_its_instances_launch_into_it(
+    local_cloud: LocalCloud, images: dict[str, str], ec2: Any
+) -> None:
+    name = f"broker-gang-{uuid.uuid4().hex[:8]}"
+    refs = []
+    try:
+        for _ in range(2):  # two adapters (two workers): the second finds the group made
+            aws = AwsProvider.from_settings(
+                local_cloud.settings(), retry=FAST_RETRY, image_owners=["self"], image_ids={}
+            )
+            request = dataclasses.replace(_request(market="on_demand"), placement_group=name)
+            refs.append(aws.launch(request))
+        groups = ec2.describe_placement_groups(GroupNames=[name])["PlacementGroups"]
+        assert [(g["GroupName"], g["Strategy"]) for g in groups] == [(name, "cluster")]
+        with pytest.raises(ClientError, match="InvalidPlacementGroup.Unknown"):
+            ec2.run_instances(  # as EC2, the local cloud refuses a group that does not exist
+                ImageId=images["x86_64"],
+                InstanceType="g4dn.xlarge",
+                MinCount=1,
+                MaxCount=1,
+                Placement={"GroupName": "no-such-group"},
+            )
+    finally:
+        for ref in refs:
+            aws.terminate(ref)
+
+
+def test_the_local_zone_refuses_launches_past_its_capacity(
+    local_cloud: LocalCloud, aws: AwsProvider
+) -> None:
+    local_cloud.aws.set_capacity("us-east-1b", "g4dn.xlarge", 1)
+    first = aws.launch(_request(market="on_demand"))
+    try:
+        with pytest.raises(CapacityError, match="sufficient g4dn.xlarge capacity"):
+            aws.launch(_request(market="on_demand"))
+        aws.terminate(first)
+        second = aws.launch(_request(market="on_demand"))  # room again once it is gone
+        aws.terminate(second)
+    finally:
+        local_cloud.aws.set_capacity("us-east-1b", "g4dn.xlarge", None)
+        aws.terminate(first)

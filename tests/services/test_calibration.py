@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from broker.core.job_status import JobStatus
 from broker.db.models import ThroughputCorrection
 from broker.services import agent_reports, lifecycle
 from broker.services.calibration import calibrate
 from broker.services.job_spec import JobSpec
 from broker.services.quoting import get_planning, quote_job
+from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen
 
 
 def test_calibration_folds_observed_speed_into_later_quotes(session, clock, submit, run_spot):
@@ -30,3 +35,28 @@ def test_calibration_folds_observed_speed_into_later_quotes(session, clock, subm
     v100_before = min(p.expected_hours for p in before if p.gpu == "V100")
     v100_after = min(p.expected_hours for p in after.plans if p.gpu == "V100")
     assert v100_after > v100_before * 1.2
+
+
+def test_a_gang_s_speed_is_learnt_apart_from_one_machine_s(session, clock, submit):
+    job = submit()
+    planning = get_planning()
+    gang = dataclasses.replace(chosen(SPOT_PLAN, 4 * SPOT_PRICE), nodes=4)
+    begun = lifecycle.begin_attempt(session, job.id, gang, clock.now())
+    assert begun is not None
+    attempt, token = begun
+    lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now(), lease_seconds=LEASE)
+    one = planning.rate(session, job, "V100", 1)
+    predicted = planning.rate(session, job, "V100", 1, nodes=4)
+    assert one < predicted < 4 * one  # 4 machines, less than linear
+    hours = 1.0  # 36000 of the job's 40000 steps
+    clock.advance(hours * 3600)
+    # The gang scaled perfectly: 4 x one machine's speed, past the restart overhead.
+    agent_reports.record_progress(session, attempt.id, token, one * 4 * hours, None, clock.now())
+    lifecycle.stop(session, job.id, JobStatus.CANCELLED, "test", clock.now())
+    factor = calibrate(planning, session, attempt.id)
+    assert factor is not None and factor > 1.15
+    model = job.spec["workload"]["model"]
+    assert session.get(ThroughputCorrection, (model, "V100 x4 nodes")) is not None
+    assert session.get(ThroughputCorrection, (model, "V100")) is None
+    assert planning.rate(session, job, "V100", 1) == pytest.approx(one)
+    assert planning.rate(session, job, "V100", 1, nodes=4) == pytest.approx(predicted * factor)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -256,3 +257,23 @@ def test_top_up_beyond_the_team_budget_is_refused(session, clock, submit):
             reserve_up_to=team_budget * 2,
         )
     assert session.get(Job, job.id).status == "queued"
+
+
+def test_a_gangs_ended_attempt_names_every_node_and_a_node_launched_late_is_handed_back(
+    session, job, clock
+):
+    gang = dataclasses.replace(chosen(SPOT_PLAN, 3 * SPOT_PRICE), nodes=3)
+    attempt, _ = lifecycle.begin_attempt(session, job.id, gang, clock.now())
+    for rank in range(2):
+        assert lifecycle.node_launched(session, attempt.id, rank, f"i-n{rank}", clock.now()) == []
+    # the same node again (a retried launch found the same instance): nothing changes
+    assert lifecycle.node_launched(session, attempt.id, 1, "i-n1", clock.now()) == []
+
+    ended = lifecycle.stop(session, job.id, JobStatus.CANCELLED, "test", clock.now())
+    assert [t.instance_id for t in ended] == ["i-n0", "i-n1"]  # every node started so far
+    late = lifecycle.node_launched(session, attempt.id, 2, "i-n2", clock.now())
+    assert [t.instance_id for t in late] == ["i-n2"]  # the launch under way: its node goes too
+    handed = lifecycle.launch_succeeded(
+        session, attempt.id, "i-n0", clock.now(), lease_seconds=LEASE
+    )
+    assert sorted(t.instance_id for t in handed) == ["i-n0", "i-n1", "i-n2"]

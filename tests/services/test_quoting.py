@@ -8,7 +8,9 @@ from broker.db.models import Job
 from broker.services import admission, agent_reports, lifecycle
 from broker.services.job_spec import JobSpec
 from broker.services.ledger import job_reserved, team_budget
+from broker.services.plans import ChosenPlan
 from broker.services.quoting import Planning, get_planning, quote_job
+from broker.services.quoting import job_spec as job_spec_of
 from broker.services.teams import create_team
 from tests.helpers import LEASE, job_spec
 
@@ -96,3 +98,39 @@ def test_admit_returns_what_it_reserved_and_a_replay_reserves_nothing(session, c
     replay = admission.admit(session, team.id, spec, clock.now(), idempotency_key="k1")
     assert not replay.created and replay.job.id == admitted.job.id and replay.reserved == 0
     assert team_budget(session, team, clock.now()).reserved == admitted.reserved
+
+
+# Gangs --------------------------------------------------------------------------------------
+
+
+def test_a_quote_for_32_gpus_ranks_gangs_of_identical_machines_each_in_one_zone(session, clock):
+    planning = get_planning()
+    offers = planning.offers
+    spec = JobSpec.model_validate(job_spec(resources={"gpus": 32, "gpu_types": ["H100"]}))
+    result = quote_job(spec, clock.now(), session)
+    assert result.plans
+    keys = [(p.expected_cost_micros, p.expected_hours) for p in result.plans]
+    assert keys == sorted(keys)
+    for p in result.plans:
+        assert (p.nodes, p.gpu_count, p.gpu) == (4, 8, "H100")
+        row = offers.row(p.offer_index)  # one offer row: one instance type in one zone
+        assert (row.zone, row.instance_type) == (p.zone, p.instance_type)
+        each = row.spot_micros_per_hour if p.market == "spot" else row.on_demand_micros_per_hour
+        assert p.price_per_hour_micros == 4 * each
+    # Any GPU: every split of 32 GPUs into up to 16 identical machines competes.
+    anything = quote_job(JobSpec.model_validate(job_spec(resources={"gpus": 32})), clock.now())
+    shapes = {(p.nodes, p.gpu_count) for p in anything.plans}
+    assert shapes and all(n * g == 32 and 2 <= n <= 16 for n, g in shapes)
+
+
+def test_a_gang_job_re_plans_on_its_own_shape(session, clock, submit):
+    job = submit(resources={"gpus": 32}, max_cost="900.00")
+    plan = ChosenPlan.from_json(job.plan)
+    assert plan.nodes > 1 and plan.nodes * plan.gpu_count == 32
+    planning = get_planning()
+    free = planning.quote(JobSpec.model_validate(job.spec), clock.now(), top_n=200)
+    assert {(p.nodes, p.gpu_count) for p in free.plans} != {(plan.nodes, plan.gpu_count)}
+    replan = planning.plans_for_job(session, job, clock.now(), market="on_demand")
+    assert replan.choices
+    assert {(c.nodes, c.gpu_count) for c in replan.choices} == {(plan.nodes, plan.gpu_count)}
+    assert job_spec_of(job).resources.nodes == plan.nodes

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, BackgroundTasks, Body, Depends, Header, HTTPException, status
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, BackgroundTasks, Body, Depends, Header, HTTPException, Query, status
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from broker.api.deps import NowDep, SessionDep
 from broker.api.errors import error_responses
@@ -46,6 +46,11 @@ def attempt_token(
 
 
 TokenDep = Annotated[str, Depends(attempt_token)]
+MAX_NODES = 1024
+NodeQuery = Annotated[
+    int, Query(ge=0, lt=MAX_NODES, description="The gang node's rank (0 for a single node).")
+]
+NODE_FIELD = Field(default=0, ge=0, lt=MAX_NODES, description="The gang node's rank.")
 
 
 class ProgressIn(BaseModel):
@@ -53,6 +58,12 @@ class ProgressIn(BaseModel):
     work_done: float = Field(ge=0, le=1e15)
     checkpoint_key: str | None = Field(
         default=None, min_length=1, max_length=500, pattern=PRINTABLE
+    )
+    node: int = Field(
+        default=0,
+        ge=0,
+        lt=MAX_NODES,
+        description="The gang node's rank: a node >= 1 only heartbeats (its work is ignored).",
     )
 
 
@@ -64,8 +75,20 @@ class ProgressAck(BaseModel):
     lease_seconds_left: float
 
 
+class GangOut(BaseModel):
+    """A gang node's place: its rank, the node count and node 0's rendezvous (null until
+    node 0 has reported it)."""
+
+    model_config = ConfigDict(from_attributes=True)
+    node_rank: int
+    nodes: int
+    master_addr: str | None
+    master_port: int | None
+
+
 class RunSpecOut(BaseModel):
-    """What the agent runs and how (see the protocol in docs/api.md, "Agent routes")."""
+    """What the agent runs and how (see the protocol in docs/api.md, "Agent routes");
+    ``gang`` only for a multi-node attempt."""
 
     model_config = ConfigDict(from_attributes=True)
     attempt_id: str
@@ -89,11 +112,32 @@ class RunSpecOut(BaseModel):
     log_limit_bytes: int
     notice_seconds: float
     lease_seconds_left: float
+    gang: GangOut | None = None
+
+    @model_serializer(mode="wrap")
+    def _single_node_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("gang") is None:
+            data.pop("gang", None)  # a single-node attempt's spec is what it always was
+        return data
 
 
 class CheckpointIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     work_done: float = Field(ge=0, le=1e15)
+    node: int = NODE_FIELD
+
+
+class RendezvousIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: int = Field(default=0, ge=0, lt=MAX_NODES, description="Must be 0: node 0 reports.")
+    addr: str = Field(
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9.:_%-]*$",
+        description="The host name or IP address node 0's program listens on.",
+    )
+    port: int = Field(ge=1, le=65535)
 
 
 class UploadOut(BaseModel):
@@ -112,11 +156,13 @@ class ExitIn(BaseModel):
         ge=-255, le=255, description="The exit status, or minus the signal that killed it."
     )
     tail: str = Field(default="", max_length=4096, description="The output's last lines.")
+    node: int = NODE_FIELD
 
 
 class PreemptedIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: str = Field(default="", max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")
+    node: int = NODE_FIELD
 
 
 class JobStatusOut(BaseModel):
@@ -125,12 +171,31 @@ class JobStatusOut(BaseModel):
 
 @router.get("/{attempt_id}/run", response_model=RunSpecOut, responses=REFUSALS)
 def get_run_spec(
-    attempt_id: ResourceId, session: SessionDep, now: NowDep, token: TokenDep, store: StoreDep
+    attempt_id: ResourceId,
+    session: SessionDep,
+    now: NowDep,
+    token: TokenDep,
+    store: StoreDep,
+    node: NodeQuery = 0,
 ) -> RunSpecOut:
     """The attempt's run spec: the program, its environment, where its workdir and the
-    checkpoint to restore are (presigned URLs), and the agent's timings."""
-    spec = agent_channel.run_spec(session, store, attempt_id, token, now)
+    checkpoint to restore are (presigned URLs), and the agent's timings; for a gang, node
+    ``node``'s rank and the rendezvous (``gang``; 422 naming ``node`` for another rank)."""
+    spec = agent_channel.run_spec(session, store, attempt_id, token, now, node=node)
     return RunSpecOut.model_validate(spec)
+
+
+@router.post("/{attempt_id}/rendezvous", response_model=GangOut, responses=WITH_BODY)
+def report_rendezvous(
+    attempt_id: ResourceId, body: RendezvousIn, session: SessionDep, now: NowDep, token: TokenDep
+) -> GangOut:
+    """Node 0 of a gang says where its program's rendezvous listens (``addr``:``port``), before
+    it starts the program; the other nodes' run specs then carry it. From any other node, or
+    for a single-node attempt: 422 naming ``node``."""
+    gang = agent_channel.rendezvous(
+        session, attempt_id, token, body.node, body.addr, body.port, now
+    )
+    return GangOut.model_validate(gang)
 
 
 @router.post("/{attempt_id}/progress", response_model=ProgressAck, responses=WITH_BODY)
@@ -140,9 +205,10 @@ def report_progress(
     """Report the attempt's work done and, with ``checkpoint_key``, a checkpoint saved under
     the job's ``jobs/{job_id}/`` prefix; also the agent's heartbeat. Work beyond what the
     attempt's GPUs can have done by now is refused (422); reported work alone never
-    finishes the job."""
+    finishes the job. A gang's node >= 1 only heartbeats (its work is ignored, a checkpoint
+    key from it is a 422)."""
     ack = agent_channel.acknowledge_progress(
-        session, attempt_id, token, body.work_done, body.checkpoint_key, now
+        session, attempt_id, token, body.work_done, body.checkpoint_key, now, node=body.node
     )
     return ProgressAck.model_validate(ack, from_attributes=True)
 
@@ -157,8 +223,11 @@ def checkpoint_upload(
     store: StoreDep,
 ) -> UploadOut:
     """A key for the next checkpoint (under ``jobs/{job_id}/checkpoints/{attempt_id}/``) and
-    a presigned PUT URL for one tar.gz; report it with ``progress`` after the upload."""
-    upload = agent_channel.checkpoint_upload(session, store, attempt_id, token, body.work_done, now)
+    a presigned PUT URL for one tar.gz; report it with ``progress`` after the upload. Node 0
+    only (another node: 422 naming ``node``)."""
+    upload = agent_channel.checkpoint_upload(
+        session, store, attempt_id, token, body.work_done, now, node=body.node
+    )
     return UploadOut(key=upload.key, url=upload.url)
 
 
@@ -174,13 +243,14 @@ def post_logs(
     token: TokenDep,
     store: StoreDep,
     chunk: Annotated[bytes, Body(media_type="text/plain")] = b"",
+    node: NodeQuery = 0,
 ) -> LogAck:
-    """Append a chunk of the program's output (UTF-8 text, at most 256 KiB; a byte that is
-    not UTF-8 is kept as U+FFFD). Past the attempt's log limit the broker keeps one
-    truncation line and drops the rest."""
+    """Append a chunk of node ``node``'s program output (UTF-8 text, at most 256 KiB; a byte
+    that is not UTF-8 is kept as U+FFFD). Past the attempt's log limit (a gang's: times its
+    nodes, shared) the broker keeps one truncation line and drops the rest."""
     text = chunk.decode("utf-8", "replace")
     try:
-        ack = agent_channel.store_log(session, store, attempt_id, token, text, now)
+        ack = agent_channel.store_log(session, store, attempt_id, token, text, now, node=node)
     except ProviderError as error:
         raise HTTPException(
             status.HTTP_503_SERVICE_UNAVAILABLE,
@@ -207,8 +277,10 @@ def program_exited(
 ) -> JobStatusOut:
     """The program exited: 0 finishes the job; another code relaunches it from its latest
     checkpoint while ``max_restarts_on_errors`` allows, else fails it with the code and the
-    tail's last lines."""
-    end = agent_channel.program_exited(session, attempt_id, token, body.exit_code, body.tail, now)
+    tail's last lines. A gang's node >= 1: a non-zero code does the same, 0 is only logged."""
+    end = agent_channel.program_exited(
+        session, attempt_id, token, body.exit_code, body.tail, now, node=body.node
+    )
     return _carry_out(end, background)
 
 
@@ -222,6 +294,9 @@ def preemption_notice(
     background: BackgroundTasks,
 ) -> JobStatusOut:
     """The cloud gave notice and the agent saved what it could: the attempt ends now, its
-    instance is terminated and the job's next attempt launched."""
-    end = agent_channel.preemption_notice(session, attempt_id, token, body.reason, now)
+    instance is terminated and the job's next attempt launched. From any node of a gang,
+    the whole gang ends."""
+    end = agent_channel.preemption_notice(
+        session, attempt_id, token, body.reason, now, node=body.node
+    )
     return _carry_out(end, background)

@@ -124,24 +124,27 @@ def get_logs(
     attempt: Annotated[str | None, Query(min_length=1, max_length=64, pattern=ID_PATTERN)] = None,
     tail: Annotated[int | None, Query(ge=1, le=10_000)] = None,
     follow: bool = False,
+    node: Annotated[int, Query(ge=0, lt=1024)] = 0,
 ) -> Response:
     """The program's output: one ``attempt``'s, or every attempt's in order, each after a
     line ``==> attempt <id> (<zone>, <market>) <==``; ``tail``: each one's last lines.
     ``follow``: then stream new output until the job has finished (at most
-    ``BROKER_LOG_FOLLOW_SECONDS``)."""
+    ``BROKER_LOG_FOLLOW_SECONDS``). ``node``: a gang node's output (0: node 0's, the
+    single node's)."""
     if follow:
-        job_logs.log_state(session, team_id, job_id, attempt)  # 404 before the stream starts
+        job_logs.log_state(session, team_id, job_id, attempt, node)  # 404 before streaming
         lines = job_logs.follow_job_log(
             store,
             team_id,
             job_id,
             attempt,
             tail,
+            node=node,
             max_seconds=get_settings().log_follow_seconds,
         )
         return StreamingResponse(lines, media_type=TEXT)
     try:
-        text = job_logs.job_log(session, store, team_id, job_id, attempt, tail)
+        text = job_logs.job_log(session, store, team_id, job_id, attempt, tail, node)
     except ProviderError as error:
         raise _unavailable(error) from error
     return PlainTextResponse(text, media_type=TEXT)

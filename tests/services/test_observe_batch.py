@@ -1,0 +1,145 @@
+"""Batched observation (issue 19): a batch of live attempts over both local clouds and several
+regions is described with one cloud call per region, every attempt's spend is booked at the
+cloud's answer, and an instance gone from the cloud ends only its own attempt."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlmodel import Session, select
+
+from broker.clock import ManualClock
+from broker.db.models import Attempt
+from broker.services import admission, lifecycle
+from broker.services.job_spec import JobSpec
+from broker.services.quoting import get_planning
+from broker.services.runner import Runner
+from broker.services.teams import create_team
+from providers.aws import AwsProvider
+from providers.base import TAG_ATTEMPT, TAG_JOB, TAG_TEAM, InstanceRef, LaunchRequest, Provider
+from providers.gcp import GcpProvider
+from providers.local import LocalCloud
+from tests.helpers import chosen
+
+WHERE = [
+    ("aws", "us-east-1", "us-east-1a", "p3.2xlarge"),
+    ("aws", "us-west-2", "us-west-2a", "p3.2xlarge"),
+    ("gcp", "us-central1", "us-central1-a", "n1-standard-8"),
+    ("gcp", "us-east1", "us-east1-b", "n1-standard-8"),
+]
+PRICE = 3_060_000
+SPEC = {
+    "name": "batch",
+    "workload": {"model": "ResNet-50", "batch_size": 128, "steps": 40000},
+    "resources": {"gpus": 1, "gpu_types": ["V100"]},
+    "deadline": "2027-06-01T12:00:00Z",
+    "max_cost": "100.00",
+    "market": "on_demand",
+    "run": {"command": "python train.py"},
+}
+
+
+@pytest.fixture(scope="module")
+def cloud() -> Iterator[LocalCloud]:
+    with LocalCloud(
+        aws_regions=["us-east-1", "us-west-2"],
+        gcp_zones=["us-central1-a", "us-east1-b"],
+        market_interval_seconds=None,
+        clock=ManualClock(datetime(2024, 3, 1, tzinfo=UTC)),
+        instance_runner="light",
+    ) as local:
+        yield local
+
+
+def _providers(cloud: LocalCloud) -> dict[str, Provider]:
+    settings = cloud.settings()
+    return {
+        "aws": AwsProvider.from_settings(settings, regions=["us-east-1", "us-west-2"]),
+        "gcp": GcpProvider.from_settings(settings),
+    }
+
+
+def _populate(session: Session, providers: dict[str, Provider], now: datetime, count: int) -> Any:
+    team = create_team(session, "batch", 10**12, "month", 0.8, now)
+    spec = JobSpec.model_validate(SPEC)
+    ids = []
+    for n in range(count):
+        provider, region, zone, instance_type = WHERE[n % len(WHERE)]
+        job, _ = admission.submit(session, team.id, spec, now)
+        where = {
+            "provider": provider,
+            "region": region,
+            "zone": zone,
+            "instance_type": instance_type,
+            "gpu": "V100",
+            "gpu_count": 1,
+            "market": "on_demand",
+        }
+        begun = lifecycle.begin_attempt(session, job.id, chosen(where, PRICE), now)
+        assert begun is not None
+        attempt, _ = begun
+        ref = providers[provider].launch(
+            LaunchRequest(
+                token=attempt.id,
+                provider=provider,
+                region=region,
+                zone=zone,
+                instance_type=instance_type,
+                market="on_demand",
+                gpu="V100",
+                tags={TAG_JOB: job.id, TAG_ATTEMPT: attempt.id, TAG_TEAM: team.id},
+            )
+        )
+        lifecycle.launch_succeeded(session, attempt.id, ref.instance_id, now, lease_seconds=86400)
+        ids.append(attempt.id)
+    return ids
+
+
+def test_a_batch_is_described_once_per_region_books_every_attempt_and_ends_only_the_gone_one(
+    session: Session, db_engine: Any, clock: Any, cloud: LocalCloud
+) -> None:
+    providers = _providers(cloud)
+    ids = _populate(session, providers, clock.now(), 12)
+    hands = Runner(
+        db_engine,
+        providers,
+        get_planning(),
+        agent_secret="s",
+        api_url="http://127.0.0.1:9",
+        tick_seconds=5.0,
+        agent_silence_seconds=1e9,
+    )
+    gone = session.get(Attempt, ids[1])
+    assert gone is not None and gone.instance_id
+    providers["aws"].terminate(InstanceRef("aws", gone.region, gone.zone, gone.instance_id))
+
+    served = [0]
+    decide = cloud.faults.decide
+
+    def counted() -> Any:  # every request the local clouds serve asks the injector once
+        served[0] += 1
+        return decide()
+
+    cloud.faults.decide = counted  # type: ignore[method-assign]
+    try:
+        clock.advance(600)
+        regions = hands.observe_many(ids)
+    finally:
+        cloud.faults.decide = decide  # type: ignore[method-assign]
+
+    assert regions == 4
+    assert served[0] == 4, "one describe per region, nothing per attempt"
+    session.rollback()  # end the test's read, which began before the batch
+    attempts = {a.id: a for a in session.exec(select(Attempt)).all() if a.id in ids}
+    assert attempts[ids[1]].status == "ended" and attempts[ids[1]].end_reason == "preempted"
+    for attempt_id in ids:
+        if attempt_id == ids[1]:
+            continue
+        attempt = attempts[attempt_id]
+        assert attempt.status == "running", attempt.end_reason
+        assert attempt.billed_seconds == pytest.approx(600)
+    for attempt_id in ids:
+        hands.terminate(lifecycle.attempt_instances(session, attempts[attempt_id]))
