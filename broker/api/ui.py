@@ -62,7 +62,14 @@ def _to_login() -> RedirectResponse:
 def _plan_label(plan: ChosenPlan | None) -> str:
     if plan is None:
         return "–"
-    return f"{plan.gpu_count}x{plan.gpu} {plan.market} {plan.provider}/{plan.zone}"
+    shape = _shape(plan.nodes, plan.gpu_count, plan.gpu)
+    return f"{shape} {plan.market} {plan.provider}/{plan.zone}"
+
+
+def _shape(nodes: int, gpu_count: int, gpu: str) -> str:
+    """``2xV100``, or a gang's ``2 nodes x 8xV100``."""
+    one = f"{gpu_count}x{gpu}"
+    return f"{nodes} nodes x {one}" if nodes > 1 else one
 
 
 def format_usd(micros: int) -> str:
@@ -224,7 +231,8 @@ def job_page(
     job = history.job
     attempts = [
         {
-            "where": f"{s.attempt.gpu_count}x{s.attempt.gpu} {s.attempt.provider}/{s.attempt.zone}",
+            "where": f"{_shape(s.attempt.nodes, s.attempt.gpu_count, s.attempt.gpu)} "
+            f"{s.attempt.provider}/{s.attempt.zone}",
             "market": s.attempt.market,
             "price": format_usd(s.attempt.price_micros_per_hour),
             "start": _when(s.attempt.started_at),

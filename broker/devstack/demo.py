@@ -132,7 +132,7 @@ def demo_jobs(now: datetime) -> list[DemoJob]:
         spec(
             "resnet50-2x8gpu-gang",
             model("ResNet-50", 128, "V100", 8, 1.5, nodes=2),
-            5,
+            8,
             "150.00",
             gpus=8,
             resources={"nodes": 2, "gpu_types": ["V100"]},
