@@ -66,6 +66,9 @@ def observed(
             history = history.observe(zone, False, REFUSED_OUTAGE_HOURS)
         elif attempt.started_at is not None:
             hours = ((attempt.ended_at or now) - attempt.started_at).total_seconds() / 3600
+            # A gang's N nodes each ran that long and any one's preemption ended it: N node
+            # windows of exposure per preemption, as the planner's N x rate assumes.
+            hours *= max(attempt.nodes, 1)
             history = history.observe(zone, True, max(hours, 0.0))
             if attempt.end_reason == "preempted":
                 history = history.observe(zone, False, 0.0)

@@ -3,6 +3,7 @@ the database, where every process reads the same rates and histories."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -154,6 +155,23 @@ def test_preemptions_in_a_zone_raise_its_rate_and_reach_the_policy(
     assert seen.mean_window_hours("use1-az1") < seen.mean_window_hours("use1-az6")
     i = _index(offers, "use1-az1", "p3.2xlarge")
     assert model.risk(session, offers)[i] == pytest.approx(after.preemptions_per_hour)
+
+
+def test_a_preempted_gang_counts_each_nodes_exposure_not_one_short_window(
+    session: Session, clock: Any, submit: Callable[..., Job]
+) -> None:
+    job = submit()
+    plan = dataclasses.replace(chosen(SPOT_PLAN, 4 * SPOT_PRICE), nodes=4)
+    begun = lifecycle.begin_attempt(session, job.id, plan, clock.now())
+    assert begun is not None
+    lifecycle.launch_succeeded(session, begun[0].id, "i-0", clock.now(), lease_seconds=7200)
+    clock.advance(1800)
+    lifecycle.preempted(session, begun[0].id, clock.now())
+
+    seen, count = model.observed(session, clock.now())[P3_NO_TRACE]
+    # Four nodes ran half an hour each before one was preempted: two node-hours a preemption,
+    # the exposure the planner's 4 x rate for this gang stands on.
+    assert count == 1 and seen.up_runs == (2.0,) and not seen.last_available
 
 
 def test_observations_push_the_prior_out_past_the_cap() -> None:
