@@ -31,7 +31,8 @@ def test_broker_demo_runs_every_job_to_the_end_and_leaves_no_instance(tmp_path: 
     )
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
-    assert "21 jobs admitted, 2 refused" in out
+    assert "22 jobs admitted, 2 refused" in out
+    assert "resnet50-2x8gpu-gang" in out and "2 nodes x 8xV100" in out  # the multi-node job
     assert "failed as expected: resnet18-crashes: exit code 3" in out
     assert "refused as expected: llm-pretrain-8gpu: 402" in out
     assert "refused as expected: resnet50-by-lunch: 422" in out
