@@ -4,10 +4,14 @@ Every trace alone (single zone) and every region's zones together (multi-zone: t
 one dataset folder with the same GPU and length); work 24 h and 48 h, deadline x1.1 and x1.5,
 restart 0.1 h and 0.5 h, N start offsets each, all eight jobs of a scenario in one lockstep
 simulation. The broker's spot model of a scenario's zones takes as its prior what the
-broker watched of every trace in their dataset folder over the same days (its "fleet"),
-never the job's own window. Prints the figures, then one JSON line last. The row
-``best_rule_hindsight`` is no policy: per start, the cheapest of the online rules, a bound
-on what choosing among them buys.
+broker watched of every trace in their dataset folder over the same days before each start
+(its "fleet"), never the job's own window or later; and, as the bundled traces are live, a
+sample of the runs of the traces of the dataset folders that ended before this one began
+(the zones' own when there are some, else all of them, fewer: ``pricing.spot_prior``).
+Prints the figures, then one JSON line last. The row ``best_rule_hindsight`` is no policy:
+per start, the cheapest of the online rules, a bound on what choosing among them buys; the
+cells (scenario x job) where the broker costs more than ``CELL_LIMIT`` x Uniform Progress
+are listed.
 
     python bench/policies.py [--starts 200] [--coarsen-below 60]
 
@@ -25,10 +29,13 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import replace
+from datetime import datetime, timedelta
 
 import numpy as np
 
 from broker.core.policy_vectorized import BATCH_POLICIES
+from broker.core.spot_chain import run_lengths
+from broker.core.spot_model import FLEET_PRIOR_RUNS, PRIOR_RUNS, prior_sample
 from broker.sim.hindsight import optimal_costs
 from broker.sim.history import start_plans
 from broker.sim.scenario import Ticks, TraceJob, start_offsets, zone_matrix
@@ -41,6 +48,7 @@ WORK = (24.0, 48.0)
 SLACK = (1.1, 1.5)
 RESTART = (0.1, 0.5)
 SPOT_PRICE, ON_DEMAND_PRICE = 0.92, 3.06
+CELL_LIMIT = 1.01  # a cell (scenario x job) where the broker costs more than this x UP is listed
 
 
 def coarsen(trace: Trace, below: float) -> Trace:
@@ -75,6 +83,27 @@ def fleet_of(traces: tuple[Trace, ...], zones: list[Trace]) -> np.ndarray:
     return zone_matrix(same)[0]
 
 
+def recorded_from(trace: Trace) -> datetime:
+    """When a trace's recording began: its dataset folder's date (``aws-MM-DD-YYYY``)."""
+    return datetime.strptime(trace.name.split("/")[0].removeprefix("aws-"), "%m-%d-%Y")
+
+
+def prior_of(traces: tuple[Trace, ...], zones: list[Trace]) -> tuple[np.ndarray, ...] | None:
+    """What the broker knew of spot before the zones' traces began, as live from the bundled
+    traces: a sample of the windows and outages of the traces that ended by then, the zones'
+    own (same zone and GPU) if any, else all of them, fewer; None when none had."""
+    start = recorded_from(zones[0])
+    done = [t for t in traces if recorded_from(t) + timedelta(hours=t.hours) <= start]
+    own = [t for t in done if any((t.zone, t.gpu) == (z.zone, z.gpu) for z in zones)]
+    chosen, n = (own, PRIOR_RUNS) if own else (done, FLEET_PRIOR_RUNS)
+    if not chosen:
+        return None
+    runs = [run_lengths(t.available, t.gap_seconds / 3600.0) for t in chosen]
+    return tuple(
+        np.array(prior_sample(np.concatenate([r[kind] for r in runs]), n)) for kind in (0, 1)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--starts", type=int, default=200)
@@ -85,6 +114,7 @@ def main() -> None:
     vs_opt: dict[tuple[str, str], list[np.ndarray]] = defaultdict(list)
     vs_up: dict[tuple[str, str], list[np.ndarray]] = defaultdict(list)
     misses: dict[tuple[str, str], int] = defaultdict(int)
+    cells: list[tuple[str, str, float]] = []  # (scope, scenario and job, mean broker / UP)
     sim_seconds, sim_jobs, dp_seconds = 0.0, 0, 0.0
     plan_seconds, plan_count = 0.0, 0  # the broker's spot plans: one per job and refit day
     for name, zones in scenarios(traces):
@@ -101,7 +131,9 @@ def main() -> None:
         best = [optimal_costs(matrix, offsets, ticks, job) for ticks, job in runs]
         dp_seconds += time.perf_counter() - began
         began = time.perf_counter()
-        plans = start_plans(matrix, offsets, gap / 3600.0, runs, fleet_of(traces, zones))
+        plans = start_plans(
+            matrix, offsets, gap / 3600.0, runs, fleet_of(traces, zones), prior_of(traces, zones)
+        )
         plan_seconds += time.perf_counter() - began
         plan_count += len(runs) * plans[0][0].want.shape[1]  # runs x refit days
         costs: dict[str, list[np.ndarray]] = {}
@@ -127,6 +159,9 @@ def main() -> None:
             for i, cost in enumerate(per_job):
                 vs_opt[(scope, policy)].append(cost / best[i])
                 vs_up[(scope, policy)].append(cost / costs["uniform_progress"][i])
+        for job, ratio in zip(jobs, vs_up[(scope, "broker")][-len(jobs) :], strict=True):
+            label = f"{name} {job.work_hours:g}h x{job.deadline_hours / job.work_hours:g}"
+            cells.append((scope, f"{label} r{job.restart_hours:g}", float(ratio.mean())))
         print(f"  done {name}", flush=True)
     summary: dict[str, dict[str, dict[str, float]]] = {}
     print(f"\n{'scope':7} {'policy':20} {'mean/opt':>9} {'p90/opt':>8} {'mean/UP':>8} misses")
@@ -146,6 +181,13 @@ def main() -> None:
             f" {row['mean_vs_uniform_progress']:8.3f} {row['misses']:6d}"
         )
     print(f"({PICK}: per start, the cheapest of greedy / uniform_progress / broker)")
+    over = sorted((c for c in cells if c[2] > CELL_LIMIT), key=lambda c: -c[2])
+    for scope in summary:
+        summary[scope]["broker"]["cells_over_uniform_progress"] = sum(c[0] == scope for c in over)
+        summary[scope]["broker"]["cells"] = sum(c[0] == scope for c in cells)
+    print(f"broker > {CELL_LIMIT} x UP (mean over starts) in {len(over)} of {len(cells)} cells")
+    for scope, label, ratio in over:
+        print(f"  {scope:7} {ratio:6.3f}  {label}")
     for scope, rows in summary.items():
         greedy, up = rows["greedy"]["mean_vs_optimal"], rows["uniform_progress"]["mean_vs_optimal"]
         closed = (greedy - up) / (greedy - 1.0) if greedy > 1.0 else float("nan")

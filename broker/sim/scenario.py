@@ -1,6 +1,10 @@
-"""A job on a trace's clock: its work, deadline and restart overhead in ticks, and its windows.
+"""A job on a trace's clock: its work, deadline and restart overhead in parts of a tick, and
+its windows.
 
 The model every simulation and the hindsight optimum share (see :mod:`broker.sim.simulator`).
+A tick is split into the fewest equal parts (at most ``MAX_PARTS``) that make the work, the
+deadline and the restart overhead whole numbers of parts, so they are kept exactly: a 0.2 h
+restart on 600 s ticks is 6 parts of a fifth of a tick (0.2 h), not 2 ticks (0.333 h).
 """
 
 from __future__ import annotations
@@ -29,24 +33,51 @@ class TraceJob:
     reserved: float | None = None
 
 
+MAX_PARTS = 60  # the finest split of a tick (the hindsight optimum's work grows with it)
+
+
 @dataclass(frozen=True)
 class Ticks:
-    """A ``TraceJob`` on a trace's clock."""
+    """A ``TraceJob`` on a trace's clock: work, deadline and restart in parts of a tick."""
 
     hours: float  # one tick
-    work: int
+    parts: int  # parts in a tick
+    work: int  # parts
     deadline: int
     restart: int
 
     @classmethod
     def of(cls, job: TraceJob, gap_seconds: float) -> Ticks:
+        """Exact when some split of the tick into at most ``MAX_PARTS`` parts fits all three;
+        else in ``MAX_PARTS`` parts, work and restart rounded up and the deadline down (so the
+        model never flatters a policy)."""
         tick = gap_seconds / 3600.0
+        hours = (job.work_hours, job.deadline_hours, job.restart_hours)
+        parts = next(
+            (p for p in range(1, MAX_PARTS + 1) if all(_whole(h / tick * p) for h in hours)),
+            MAX_PARTS,
+        )
+        unit = tick / parts
         return cls(
             hours=tick,
-            work=math.ceil(job.work_hours / tick - 1e-9),
-            deadline=math.floor(job.deadline_hours / tick + 1e-9),
-            restart=math.ceil(job.restart_hours / tick - 1e-9),
+            parts=parts,
+            work=math.ceil(job.work_hours / unit - 1e-9),
+            deadline=math.floor(job.deadline_hours / unit + 1e-9),
+            restart=math.ceil(job.restart_hours / unit - 1e-9),
         )
+
+    @property
+    def part_hours(self) -> float:
+        return self.hours / self.parts
+
+    @property
+    def span(self) -> int:
+        """Ticks from the start to the deadline (the last one perhaps only in part)."""
+        return -(-self.deadline // self.parts)
+
+
+def _whole(x: float) -> bool:
+    return abs(x - round(x)) < 1e-6
 
 
 def reserved(job: TraceJob, ticks: Ticks) -> float:
@@ -56,8 +87,8 @@ def reserved(job: TraceJob, ticks: Ticks) -> float:
     return reservation(
         "auto",
         on_demand_price=job.on_demand_price,
-        work_hours=ticks.work * ticks.hours,
-        restart_hours=ticks.restart * ticks.hours,
+        work_hours=ticks.work * ticks.part_hours,
+        restart_hours=ticks.restart * ticks.part_hours,
         tick_hours=ticks.hours,
         max_cost=math.inf,
     )
@@ -86,4 +117,4 @@ def job_windows(available: np.ndarray, offsets: np.ndarray, ticks: int) -> np.nd
 def on_demand_cost(job: TraceJob, gap_seconds: float) -> float:
     """What the job costs on on-demand alone (one start)."""
     ticks = Ticks.of(job, gap_seconds)
-    return (ticks.work + ticks.restart) * ticks.hours * job.on_demand_price
+    return (ticks.work + ticks.restart) * ticks.part_hours * job.on_demand_price

@@ -1,14 +1,17 @@
 """Trace-driven simulation of deadline jobs on spot availability traces, every start at once.
 
-The model (Wu et al., NSDI 2024, section 3), in whole ticks of the trace's ``gap_seconds``:
+The model (Wu et al., NSDI 2024, section 3), on the ticks of the trace's ``gap_seconds``:
 each tick, spot is obtainable or not in each zone; the job holds at most one instance (spot
-in one zone, or on-demand, which is always obtainable) and pays its price for every tick it
-holds it; every start or switch costs ``restart_hours`` with no progress; a spot instance is
-lost at the first tick its zone is unavailable. Hours are turned into ticks once per job:
-work and restart overhead rounded up, the deadline rounded down (so the model never flatters
-a policy). A job starts at a trace offset and wraps around the end of the trace. The policy
-sees what the job has spent and its reservation (``scenario.reserved``), as live, so its
-budget net works here too.
+in one zone, or on-demand, which is always obtainable), chosen at the start of each tick,
+and pays its price for the time it holds it; every start or switch costs ``restart_hours``
+with no progress; a spot instance is lost at the first tick its zone is unavailable. Time is
+kept in parts of a tick (``scenario.Ticks``), exactly: a restart overhead that ends within a
+tick leaves the rest of that tick to the work, and a job pays up to the moment its work is
+done (a 0.2 h restart on 600 s ticks costs 0.2 h, as in the paper's simulator, not two whole
+ticks). The deadline may fall within a tick, and what is done after it does not count. A job
+starts at a trace offset and wraps around the end of the trace. The policy sees what the job
+has spent and its reservation (``scenario.reserved``), as live, so its budget net works here
+too.
 
 The simulator asks the policy through the same rule the live broker runs (the batched form of
 ``broker.core.policy``), for all start offsets in lockstep. ``broker.sim.hindsight`` gives the
@@ -91,16 +94,21 @@ def simulate_runs(
     b = len(offsets)
     n = b * len(runs)
     dt = first.hours
-    deadline, work_total, restart, cap = (
-        np.repeat(np.array(values), b)
-        for values in zip(
-            *((t.deadline, t.work, t.restart, reserved(j, t)) for t, j in runs), strict=True
-        )
+    # per job, in parts of a tick (runs may split ticks differently)
+    parts, deadline, work_total, restart = (
+        np.repeat(np.array(values, np.int64), b)
+        for values in zip(*((t.parts, t.deadline, t.work, t.restart) for t, _ in runs), strict=True)
     )
-    horizon = int(deadline.max())
+    cap = np.repeat(np.array([reserved(j, t) for t, j in runs]), b)
+    unit = dt / parts  # hours in a part
+    horizon = max(t.span for t, _ in runs)
     window = np.tile(job_windows(matrix, offsets, max(horizon, 1)), (1, len(runs), 1))
+    # each run's history stops short of what its own jobs wrap onto
     observed, avail_hours, windows, last, age = (
-        np.tile(h, (1, len(runs))) for h in prime_history(matrix, offsets, dt, horizon)
+        np.concatenate(per_run, axis=1)
+        for per_run in zip(
+            *(prime_history(matrix, offsets, dt, t.span) for t, _ in runs), strict=True
+        )
     )
     plan_of = plan_row = None
     if plans is None and decide is broker_batch:  # it plans each job on the history before it
@@ -110,15 +118,16 @@ def simulate_runs(
     instance = np.zeros(n, np.int8)
     zone = np.full(n, -1)
     overhead = np.zeros(n, np.int64)
-    work_left = work_total.astype(np.int64)
-    held = np.zeros((2, n), np.int64)  # ticks on spot, on on-demand
+    work_left = work_total.copy()
+    held = np.zeros((2, n), np.int64)  # parts on spot, on on-demand
     finish = np.full(n, -1, np.int64)
     stopped = np.zeros(n, bool)
     rows = np.arange(n)
-    hours_total, work_total_hours = deadline * dt, work_total * dt
-    restart_hours, tick_hours = restart * dt, np.full(n, dt)
+    hours_total, work_total_hours = deadline * unit, work_total * unit
+    restart_hours, tick_hours = restart * unit, np.full(n, dt)
     for t in range(horizon):
-        expired = deadline <= t  # past its deadline: frozen as it was
+        elapsed = t * parts
+        expired = deadline <= elapsed  # past its deadline: frozen as it was
         if (stopped | expired).all():
             break
         live = ~stopped & ~expired
@@ -131,15 +140,15 @@ def simulate_runs(
         lost = live & (instance == Instance.SPOT) & ~now[np.maximum(zone, 0), rows]
         instance[lost], zone[lost], overhead[lost] = Instance.NONE, -1, 0
         state = BatchState(
-            hours_to_deadline=(deadline - t) * dt,
+            hours_to_deadline=(deadline - elapsed) * unit,
             hours_total=hours_total,
-            work_left_hours=work_left * dt,
+            work_left_hours=work_left * unit,
             work_total_hours=work_total_hours,
             restart_hours=restart_hours,
             tick_hours=tick_hours,
             instance=instance,
             zone=zone,
-            restart_left_hours=overhead * dt,
+            restart_left_hours=overhead * unit,
             spot_obtainable=now,
             spot_price=job.spot_price,
             on_demand_price=job.on_demand_price,
@@ -152,7 +161,7 @@ def simulate_runs(
             plans=plans[0] if plans is not None else (),
             plan_of=plan_of,
             plan_row=plan_row,
-            spent=dt * (job.spot_price * held[0] + job.on_demand_price * held[1]),
+            spent=unit * (job.spot_price * held[0] + job.on_demand_price * held[1]),
             reserved=cap,
         )
         action, target = decide(state)
@@ -160,21 +169,25 @@ def simulate_runs(
         _apply(action, target, now, instance, zone, overhead, restart, rows)
         stopped |= action == Action.STOP
         running = live & (instance != Instance.NONE)
-        held[0] += running & (instance == Instance.SPOT)
-        held[1] += running & (instance == Instance.ON_DEMAND)
-        progress = running & (overhead == 0)
-        overhead -= running & (overhead > 0)
+        # the tick, or what is left of it before the deadline: the overhead first, then work
+        usable = np.where(running, np.minimum(parts, deadline - elapsed), 0)
+        paid_overhead = np.minimum(overhead, usable)
+        progress = np.minimum(usable - paid_overhead, work_left)
+        used = paid_overhead + progress  # less than the tick only where the work is done
+        held[0] += np.where(instance == Instance.SPOT, used, 0)
+        held[1] += np.where(instance == Instance.ON_DEMAND, used, 0)
+        overhead -= paid_overhead
         work_left -= progress
-        done = progress & (work_left <= 0)
-        finish[done] = t + 1
+        done = running & (work_left <= 0)
+        finish[done] = elapsed[done] + used[done]
         instance[done], zone[done] = Instance.NONE, -1
         stopped |= done
     missed = work_left > 0
     # a late job still gets finished on on-demand, so its cost is comparable
     catch_up = np.where(instance == Instance.ON_DEMAND, overhead, restart) + work_left
-    cost = dt * (job.spot_price * held[0] + job.on_demand_price * held[1])
-    cost = cost + np.where(missed, catch_up * dt * job.on_demand_price, 0.0)
-    finish_hours = np.where(missed, np.nan, finish * dt)
+    cost = unit * (job.spot_price * held[0] + job.on_demand_price * held[1])
+    cost = cost + np.where(missed, catch_up * unit * job.on_demand_price, 0.0)
+    finish_hours = np.where(missed, np.nan, finish * unit)
     return [
         SimResult(cost=cost[part], missed=missed[part], finish_hours=finish_hours[part])
         for part in (slice(i * b, (i + 1) * b) for i in range(len(runs)))

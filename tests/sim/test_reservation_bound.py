@@ -15,16 +15,16 @@ from broker.sim.scenario import Ticks, TraceJob, on_demand_cost, reserved, zone_
 from broker.sim.simulator import simulate_runs
 from pricing.traces import Trace
 
-GAP = 360.0  # 0.1 h ticks
+GAPS = (360.0, 600.0, 195.0)  # 0.1 h ticks; ticks the 0.1 h steps of the jobs split
 NETTED = ("greedy", "uniform_progress", "broker")
 
 
-def trace(runs: list[tuple[bool, int]], length: int, zone: str) -> Trace:
+def trace(runs: list[tuple[bool, int]], length: int, zone: str, gap: float = 360.0) -> Trace:
     """Spot windows and outages of the given lengths, repeated to ``length`` ticks."""
     pattern = np.concatenate([np.full(n, up) for up, n in runs])
     available = np.resize(pattern, length)
     return Trace(
-        name=zone, zone=zone, gpu="V100", gpu_count=1, gap_seconds=GAP, available=available
+        name=zone, zone=zone, gpu="V100", gpu_count=1, gap_seconds=gap, available=available
     )
 
 
@@ -34,7 +34,8 @@ zone_runs = st.lists(st.tuples(st.booleans(), st.integers(1, 30)), min_size=1, m
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[list[Trace], TraceJob, np.ndarray]:
     length = draw(st.integers(120, 600))
-    zones = [trace(draw(zone_runs), length, f"z{i}") for i in range(draw(st.integers(1, 2)))]
+    gap = draw(st.sampled_from(GAPS))
+    zones = [trace(draw(zone_runs), length, f"z{i}", gap) for i in range(draw(st.integers(1, 2)))]
     work = draw(st.integers(5, 60)) / 10
     restart = draw(st.sampled_from([0.0, 0.1, 0.2, 0.5]))
     deadline = round(work * draw(st.floats(1.0, 2.5)) + restart, 1)
@@ -42,7 +43,7 @@ def scenarios(draw: st.DrawFn) -> tuple[list[Trace], TraceJob, np.ndarray]:
     # the broker's own reservation, or any cap from the bare on-demand run up
     factor = draw(st.none() | st.floats(1.0, 1.6))
     if factor is not None:
-        job = replace(job, reserved=factor * on_demand_cost(job, GAP))
+        job = replace(job, reserved=factor * on_demand_cost(job, gap))
     offsets = np.array(sorted(draw(st.sets(st.integers(0, length - 1), min_size=1, max_size=4))))
     return zones, job, offsets
 
@@ -58,7 +59,7 @@ def test_no_run_spends_more_than_its_reservation_nor_misses_a_deadline_for_it(
     runs = [(ticks, job), (ticks, replace(job, reserved=math.inf))]
     plans = start_plans(matrix, offsets, ticks.hours, runs)
     cap = reserved(job, ticks)
-    assert cap >= job.on_demand_price * (ticks.work + ticks.restart) * ticks.hours - 1e-9
+    assert cap >= job.on_demand_price * (ticks.work + ticks.restart) * ticks.part_hours - 1e-9
     labels = tuple(z.zone for z in zones)
     for name in NETTED:
         netted, bare = simulate_runs(BATCH_POLICIES[name], matrix, offsets, runs, labels, plans)
