@@ -317,7 +317,8 @@ class Runner:
 
     def due(self) -> TickReport:
         """The attempts to observe (nearest their lease's end first) and the jobs to launch
-        at this tick (oldest first, within the live-attempt limits)."""
+        at this tick (earliest deadline first, then id, within the live-attempt limits), so a
+        tight job is not stuck behind loose ones while many start at once."""
         report = TickReport()
         with self._session() as session:
             live = session.exec(
@@ -329,7 +330,9 @@ class Runner:
             busy = {job_id for _, job_id, _ in live}
             counts = dict(Counter(team_id for _, _, team_id in live))  # as live_counts
             waiting = session.exec(
-                select(Job.id, Job.team_id).where(col(Job.status).in_(WAITING)).order_by(Job.id)
+                select(Job.id, Job.team_id)
+                .where(col(Job.status).in_(WAITING))
+                .order_by(col(Job.deadline), col(Job.id))
             ).all()
             for job_id, team_id in waiting:
                 if job_id not in busy and may_launch(self.controls, counts, team_id):

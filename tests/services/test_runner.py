@@ -160,3 +160,13 @@ def test_a_launch_keeps_to_the_reservation_admission_made(session, db_engine, cl
     session.expire_all()
     assert session.get(Job, job.id).status == "running"
     assert job_reserved(session, job.id) == held
+
+
+def test_a_tick_launches_the_waiting_jobs_earliest_deadline_first(
+    session, db_engine, clock, submit
+):
+    loose = submit(budget=1_000_000_001, deadline="2027-06-01T12:00:00Z")
+    tight = submit(budget=1_000_000_002, deadline="2027-01-10T12:00:00Z")
+    middle = submit(budget=1_000_000_003, deadline="2027-03-01T12:00:00Z")
+    assert loose.id < tight.id < middle.id  # submission order is not deadline order
+    assert runner(db_engine, Cloud(), "secret").due().launch == [tight.id, middle.id, loose.id]
