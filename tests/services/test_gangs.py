@@ -157,7 +157,10 @@ def _attempts(session: Session, job_id: str) -> list[Attempt]:
     _fresh(session)
     return list(
         session.exec(
-            select(Attempt).where(Attempt.job_id == job_id).order_by(col(Attempt.created_at))
+            select(Attempt)
+            .where(Attempt.job_id == job_id)
+            # one launch's attempts share the manual clock's instant: ids are time-ordered
+            .order_by(col(Attempt.created_at), col(Attempt.id))
         ).all()
     )
 
