@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import boto3
+import botocore.session
+import botocore.utils
 from botocore.config import Config
 
 from broker import clock
@@ -87,6 +89,16 @@ def hide_user_data_in_botocore_logs() -> None:
 hide_user_data_in_botocore_logs()
 
 
+def parse_timestamp(value: Any) -> datetime:
+    """A response timestamp: ISO 8601 by the standard library (UTC when it names no zone),
+    anything else (epoch seconds, RFC 822) as botocore parses it."""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return botocore.utils.parse_timestamp(value)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
 def client_token(token: str) -> str:
     """The EC2 ``ClientToken`` for an attempt id (at most 64 ASCII characters)."""
     if len(token) <= 64 and token.isascii() and token.isprintable():
@@ -125,8 +137,16 @@ class AwsProvider:
         self.region_names = list(regions)
         self.instance_profile = instance_profile
         self.describe_batch = describe_batch
+        core = botocore.session.get_session()
+        # botocore parses every timestamp with dateutil: a third of a 100-instance
+        # DescribeInstances' CPU. EC2 sends ISO 8601, which the standard library parses.
+        core.get_component("response_parser_factory").set_parser_defaults(
+            timestamp_parser=parse_timestamp
+        )
         self._session = boto3.session.Session(
-            aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key
+            aws_access_key_id=access_key_id,
+            aws_secret_access_key=secret_access_key,
+            botocore_session=core,
         )
         # Retries are ours (tenacity), so botocore must not retry underneath them.
         self._config = Config(

@@ -15,13 +15,13 @@ end an attempt) decide when an attempt is billed and its lease renewed.
 from __future__ import annotations
 
 import logging
-import math
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from prometheus_client import Counter
 from sqlmodel import Session
 
-from broker.core.money import cost_micros, format_usd
+from broker.core import accrual
+from broker.core.money import format_usd
 from broker.db.models import Attempt, Job, Team
 from broker.services.ledger import (
     OVERRUN,
@@ -40,10 +40,12 @@ MIN_BILLED_SECONDS = {"aws": 60.0, "gcp": 60.0}
 
 def billed_seconds(attempt: Attempt, until: datetime) -> float:
     """Seconds billed for a started attempt up to ``until`` (per second, provider minimum)."""
-    if attempt.started_at is None:
-        return 0.0
-    elapsed = max((until - attempt.started_at).total_seconds(), 0.0)
-    return max(elapsed, MIN_BILLED_SECONDS.get(attempt.provider, 60.0))
+    return accrual.billed_seconds(attempt.started_at, until, minimum_seconds(attempt))
+
+
+def minimum_seconds(attempt: Attempt) -> float:
+    """The provider's minimum billed time for an attempt's instances."""
+    return MIN_BILLED_SECONDS.get(attempt.provider, 60.0)
 
 
 OVERRUN_MICROS = Counter(
@@ -54,20 +56,19 @@ OVERRUN_MICROS = Counter(
 def bill(session: Session, job: Job, attempt: Attempt, now: datetime) -> int:
     """Book what a running attempt has cost since its last booking; returns what was booked
     within its lease. Time past the lease is booked as an overrun and logged."""
-    # Billing never runs backwards: a worker that read the clock before another booked a
-    # later time must not leave billed_seconds short of what cost_micros already holds.
-    seconds = max(billed_seconds(attempt, now), attempt.billed_seconds)
-    total = cost_micros(attempt.price_micros_per_hour, seconds)
-    granted = total
-    if attempt.lease_until is not None:
-        granted = cost_micros(
-            attempt.price_micros_per_hour, billed_seconds(attempt, attempt.lease_until)
-        )
-    spend = max(min(total, granted) - attempt.cost_micros, 0)
-    overrun = max(total - attempt.cost_micros - spend, 0)
-    attempt.billed_seconds = seconds
+    booked = accrual.booking(
+        attempt.price_micros_per_hour,
+        attempt.started_at,
+        minimum_seconds(attempt),
+        attempt.billed_seconds,
+        attempt.cost_micros,
+        attempt.lease_until,
+        now,
+    )
+    spend, overrun = booked.spend, booked.overrun
+    attempt.billed_seconds = booked.billed_seconds
     if spend or overrun:
-        attempt.cost_micros = total
+        attempt.cost_micros = booked.cost_micros
         book_spend(session, job, attempt, spend, now)
     if overrun:
         book_spend(session, job, attempt, overrun, now, kind=OVERRUN)
@@ -92,8 +93,15 @@ def renew_lease(
     the horizon costs (never past ``max_cost``), so a lease is always money set aside.
     """
     price = attempt.price_micros_per_hour
-    want = cost_micros(price, billed_seconds(attempt, now + timedelta(seconds=horizon_seconds)))
-    need = want - attempt.cost_micros  # what the horizon costs beyond what is booked
+    assert attempt.started_at is not None
+    need = accrual.lease_need(
+        price,
+        attempt.started_at,
+        minimum_seconds(attempt),
+        attempt.cost_micros,
+        now,
+        horizon_seconds,
+    )
     held = job_reserved(session, job.id)
     left = job.max_cost_micros - job_spent(session, job.id)
     if need > held and left > held:
@@ -102,14 +110,15 @@ def renew_lease(
         if top_up > 0:
             reserve(session, team, job, top_up, now)
             held += top_up
-    money = attempt.cost_micros + max(min(need, held, left), 0)
-    # The longest billed time that money pays for, as an end time (per-second billing).
-    seconds = math.inf if price <= 0 else money * 3600 / price
-    assert attempt.started_at is not None
-    until = min(
-        now + timedelta(seconds=horizon_seconds), attempt.started_at + timedelta(seconds=seconds)
+    attempt.lease_until = accrual.lease_end(
+        price,
+        attempt.started_at,
+        attempt.cost_micros,
+        min(need, held, left),
+        attempt.lease_until,
+        now,
+        horizon_seconds,
     )
-    attempt.lease_until = max(until, attempt.lease_until or until)
     session.add(attempt)
     return max((attempt.lease_until - now).total_seconds(), 0.0)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -25,8 +25,6 @@ from broker.db.engine import open_session
 from broker.db.models import Attempt, Job
 from broker.faults import fault_point
 from broker.services import lifecycle
-from broker.services.agent_channel import report_wall_seconds
-from broker.services.calibration import calibrate
 from broker.services.launch_request import agent_token, launch_request
 from broker.services.lifecycle import LAUNCHING, RUNNING, ToTerminate
 from broker.services.metrics import PROVIDER_ERRORS
@@ -34,13 +32,12 @@ from broker.services.plans import ChosenPlan, job_plan
 from broker.services.quoting import Planning
 from broker.services.reconcile import ReconcileReport, reconcile
 from broker.services.reservations import job_reservation
-from broker.services.spend_control import SpendControls, leases_due, live_counts, may_launch
-from broker.services.steering import market_now, refused_zones, steer
+from broker.services.spend_control import SpendControls, live_counts, may_launch
+from broker.services.steering import market_now, refused_zones
+from broker.services.watching import Watching
 from providers.base import (
     CapacityError,
-    InstanceNotFound,
     InstanceRef,
-    InstanceState,
     Provider,
     ProviderError,
     QuotaError,
@@ -48,10 +45,6 @@ from providers.base import (
 )
 
 log = logging.getLogger(__name__)
-MOVE_REASONS = {  # steer's market switches, as the migration reason says them
-    "spot": "spot again: moving back from on-demand",
-    "on_demand": "deadline close: moving to on-demand",
-}
 
 # Jobs a tick launches when they have no live attempt (running too: a crash can leave a job
 # marked running after its attempt ended; launching again resumes it from its checkpoint).
@@ -71,7 +64,7 @@ class TickReport:
     launch: list[str] = field(default_factory=list)
 
 
-class Runner:
+class Runner(Watching):
     """The broker's hands: launches plans, watches attempts, stops and cleans up."""
 
     def __init__(
@@ -301,20 +294,6 @@ class Runner:
 
     # -- watching -------------------------------------------------------------------------
 
-    def sweep_leases(self) -> int:
-        """Renew, or stop, every running attempt whose spend lease ends within the renewal
-        window, nearest first (``spend_control``); returns how many were due."""
-        tick = self.tick_seconds * clock.scale()
-        window = self.controls.renew_ticks * self.tick_seconds * clock.nominal_scale()
-        with self._session() as session:
-            due = leases_due(session, clock.now(), window)
-            for attempt_id in due:
-                stopped = lifecycle.accrue(
-                    session, attempt_id, clock.now(), 2 * tick, lease_seconds=self.lease_seconds
-                )
-                self._terminate(stopped)
-        return len(due)
-
     def due(self) -> TickReport:
         """The attempts to observe (nearest their lease's end first) and the jobs to launch
         at this tick (earliest deadline first, then id, within the live-attempt limits), so a
@@ -339,186 +318,6 @@ class Runner:
                     report.launch.append(job_id)
                     counts[team_id] = counts.get(team_id, 0) + 1
         return report
-
-    def observe_many(self, attempt_ids: Sequence[str]) -> int:
-        """Observe a batch of attempts: their instances are described together, one
-        ``describe_many`` per provider and region (a region whose describe fails leaves its
-        attempts to the next tick), then each attempt is decided as ``observe`` does, at the
-        time the cloud answered. Returns how many cloud calls' worth of regions it asked."""
-        groups: dict[tuple[str, str], list[InstanceRef]] = {}
-        with self._session() as session:
-            attempts = session.exec(
-                select(Attempt).where(
-                    col(Attempt.id).in_(list(attempt_ids)), col(Attempt.status) == RUNNING
-                )
-            ).all()
-            for attempt in attempts:
-                for item in lifecycle.attempt_instances(session, attempt):
-                    ref = InstanceRef(item.provider, item.region, item.zone, item.instance_id)
-                    groups.setdefault((item.provider, item.region), []).append(ref)
-        known: dict[InstanceRef, InstanceState | None] = {}
-        failed: set[tuple[str, str]] = set()
-        for (provider, region), refs in groups.items():
-            try:
-                known.update(self.providers[provider].describe_many(refs))
-            except TransientError as error:
-                PROVIDER_ERRORS.labels(provider, "transient").inc()
-                log.info("describe of %s %s failed, next tick: %s", provider, region, error)
-                failed.add((provider, region))
-        observed_at = clock.now()  # the batch's decisions stand at the cloud's answer
-        for attempt_id in attempt_ids:
-            self.observe(attempt_id, known=known, skip_regions=failed, observed_at=observed_at)
-        return len(groups)
-
-    def observe(
-        self,
-        attempt_id: str,
-        *,
-        known: Mapping[InstanceRef, InstanceState | None] | None = None,
-        skip_regions: set[tuple[str, str]] | None = None,
-        observed_at: datetime | None = None,
-    ) -> None:
-        """Poll one attempt's instance: book spend, notice preemption, finish or steer.
-        ``known``: states a batch describe already returned (``observe_many``)."""
-        with self._session() as session:
-            attempt = session.get(Attempt, attempt_id)
-            if attempt is None or attempt.status not in (LAUNCHING, RUNNING):
-                return
-            job = session.get(Job, attempt.job_id)
-            assert job is not None
-            if attempt.status == LAUNCHING:
-                self._launch_attempt(session, job, attempt)
-                return
-            if skip_regions and (attempt.provider, attempt.region) in skip_regions:
-                return
-            try:
-                state = self._describe(session, attempt, known)
-            except TransientError as error:
-                PROVIDER_ERRORS.labels(attempt.provider, "transient").inc()
-                log.info("describe failed, next tick: %s", error, extra={"attempt_id": attempt_id})
-                return
-            # Every decision below stands at the observation's time: when the cloud answered
-            # (on a loaded scaled clock a describe can take broker-minutes), not when the
-            # tick asked for it nor when the task began.
-            now = clock.now() if observed_at is None or known is None else observed_at
-            session.refresh(attempt)  # what the agent reported up to the observation
-            if attempt.status != RUNNING:
-                return  # it ended meanwhile (the agent's exit report, a cancel)
-            if state is None or state.status in ("terminated", "preempted"):
-                ended = lifecycle.preempted(session, attempt_id, now)
-                if attempt.nodes > 1:
-                    self._terminate(ended)  # a gang stops whole when one node is gone
-                calibrate(self.planning, session, attempt_id)
-                log.info(
-                    "instance gone: %s",
-                    state.reason if state else "not found",
-                    extra={"job_id": job.id, "attempt_id": attempt_id},
-                )
-                return
-            if self._lost(session, attempt, now):
-                return
-            lookahead = 2 * self.tick_seconds * clock.scale()
-            stopped = lifecycle.accrue(
-                session, attempt_id, now, lookahead, lease_seconds=self.lease_seconds
-            )
-            if stopped:
-                self._terminate(stopped)
-                return
-            session.refresh(job)
-            if lifecycle.work_complete(job):  # a checkpoint holds it all, not a report's word
-                fault_point("before_settle")
-                self._terminate(
-                    lifecycle.stop(
-                        session, job.id, JobStatus.SUCCEEDED, "work reached (checkpointed)", now
-                    )
-                )
-                calibrate(self.planning, session, attempt_id)
-            elif now >= job.deadline:
-                self._terminate(
-                    lifecycle.stop(
-                        session, job.id, JobStatus.DEADLINE_MISSED, "deadline passed", now
-                    )
-                )
-            else:
-                self._steer(session, job, attempt, now)
-
-    def _describe(
-        self,
-        session: Session,
-        attempt: Attempt,
-        known: Mapping[InstanceRef, InstanceState | None] | None = None,
-    ) -> InstanceState | None:
-        """The state of a running attempt's instance: None when the cloud does not know it.
-        A gang's nodes are described in one call; the first node that is gone (not found,
-        terminated, preempted) stands for the gang, else node 0's state does. States a
-        batch describe returned (``known``) are used as they are."""
-        provider = self.providers[attempt.provider]
-        refs = [
-            InstanceRef(item.provider, item.region, item.zone, item.instance_id)
-            for item in lifecycle.attempt_instances(session, attempt)
-        ] or [InstanceRef(attempt.provider, attempt.region, attempt.zone, "")]
-        if known is not None and all(ref in known for ref in refs):
-            states: Mapping[InstanceRef, InstanceState | None] = known
-        elif attempt.nodes <= 1:
-            try:
-                return provider.describe(refs[0])
-            except InstanceNotFound:
-                PROVIDER_ERRORS.labels(attempt.provider, "not_found").inc()
-                return None
-        else:
-            states = provider.describe_many(refs)
-        if len(refs) < attempt.nodes:
-            return None  # a running gang lacks a node's record: not a whole gang
-        for ref in refs:
-            state = states.get(ref)
-            if state is None:
-                PROVIDER_ERRORS.labels(attempt.provider, "not_found").inc()
-                return None
-            if state.status in ("terminated", "preempted"):
-                return state
-        return states[refs[0]]
-
-    def _lost(self, session: Session, attempt: Attempt, now: datetime) -> bool:
-        """End a running attempt whose agent has been silent too long (its instance runs,
-        its program does not report): the job relaunches from its latest checkpoint."""
-        since = attempt.last_heard_at or attempt.started_at
-        allowed = self.agent_silence_seconds
-        if attempt.last_heard_at is None:
-            allowed += self.agent_boot_grace_seconds
-        # On a fast clock an agent reports at most once a wall second (report_wall_seconds):
-        # allow as many missed reports as at the configured pace, not fewer.
-        scale = clock.scale()
-        pace = report_wall_seconds(self.agent_report_seconds, scale) * scale
-        allowed *= max(1.0, pace / self.agent_report_seconds)
-        if since is None or (now - since).total_seconds() <= allowed:
-            return False
-        silent = (now - since).total_seconds()
-        heard = "last heard" if attempt.last_heard_at else "never heard since its launch"
-        reason = f"agent silent for {silent:.0f} s ({heard}): instance lost"
-        ended = lifecycle.lost(session, attempt.id, now, reason, silent_since=since)
-        if not ended:
-            return False  # the agent spoke meanwhile, or the attempt ended already
-        self._terminate(ended)
-        log.warning(
-            "agent silent, attempt lost",
-            extra={"job_id": attempt.job_id, "attempt_id": attempt.id, "silent_s": silent},
-        )
-        return True
-
-    def _steer(self, session: Session, job: Job, attempt: Attempt, now: datetime) -> None:
-        """Carry out what ``steering.steer`` decides for a running attempt: keep it, or end it
-        and launch the job on the other market."""
-        self.planning.sync(session)
-        decision = steer(self.planning, session, job, attempt, now, self.tick_hours)
-        if decision == "continue":
-            return
-        self._terminate(lifecycle.migrate(session, attempt.id, MOVE_REASONS[decision], now))
-        # Launch on the speeds steer checked the new plan with, then learn from the attempt:
-        # a short attempt's noisy speed must not turn that plan into a stop.
-        self.launch(job.id, market=decision)
-        calibrate(self.planning, session, attempt.id)
-
-    # -- cleaning up ----------------------------------------------------------------------
 
     def cancel(self, team_id: str, job_id: str) -> None:
         """Cancel a team's job and terminate its instances now (reconcile catches misses)."""

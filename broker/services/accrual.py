@@ -1,0 +1,214 @@
+"""Book a batch of running attempts' spend and renew their leases in one transaction.
+
+The control loop's common case, for many attempts at once: each attempt is billed to the time
+its instance was observed and its lease renewed out of what its job already holds reserved,
+exactly as ``lifecycle.accrue`` would (the amounts come from ``broker.core.accrual``, which
+``billing`` uses too). The batch locks its jobs (in id order, so two batches never wait on
+each other in a cycle), reads every job's reserved and spent money in one query, writes the
+ledger entries in one statement, and commits once.
+
+An attempt whose accrual is not the common case is left for ``lifecycle.accrue`` to handle on
+its own: a lease that lapsed, time past the lease (an overrun), a lease that needs the job's
+reservation topped up from its team (that locks the team), or money that does not cover the
+lookahead (the job stops). Nothing is written for those here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import bindparam, case, func, insert, or_
+from sqlalchemy import select as core_select
+from sqlmodel import Session, col, select
+
+from broker.core import accrual
+from broker.core.job_status import is_terminal
+from broker.core.money import format_usd
+from broker.db.engine import begin_write, is_postgres
+from broker.db.models import Attempt, Job, LedgerEntry, Team
+from broker.services.billing import minimum_seconds
+from broker.services.ledger import RELEASE, RESERVE, SPEND, SPENT_KINDS, team_budget
+
+log = logging.getLogger(__name__)
+
+RUNNING = "running"
+
+_LEDGER = LedgerEntry.__table__  # type: ignore[attr-defined]
+_AMOUNT = _LEDGER.c.amount_micros
+_SUMS = (
+    core_select(
+        _LEDGER.c.job_id,
+        func.coalesce(
+            func.sum(
+                case(
+                    (_LEDGER.c.kind == RESERVE, _AMOUNT),
+                    (_LEDGER.c.kind == RELEASE, -_AMOUNT),
+                    else_=0,
+                )
+            ),
+            0,
+        ),
+        func.coalesce(
+            func.sum(
+                case((or_(*(_LEDGER.c.kind == kind for kind in SPENT_KINDS)), _AMOUNT), else_=0)
+            ),
+            0,
+        ),
+    )
+    .where(_LEDGER.c.job_id.in_(bindparam("job_ids", expanding=True)))
+    .group_by(_LEDGER.c.job_id)
+)
+_INSERT = insert(_LEDGER)
+
+
+@dataclass
+class Accrued:
+    """What a batch did: the attempts booked and renewed here, those left for
+    ``lifecycle.accrue`` one by one, and those with nothing to do (no longer running)."""
+
+    booked: list[str] = field(default_factory=list)
+    one_by_one: list[str] = field(default_factory=list)
+    idle: list[str] = field(default_factory=list)
+
+
+def accrue_many(
+    session: Session,
+    observed: Sequence[tuple[str, datetime]],
+    lookahead_seconds: float,
+    *,
+    lease_seconds: float,
+) -> Accrued:
+    """Book each ``(attempt id, observed at)`` to its time and renew its lease within its
+    job's reservation, all in one transaction; see the module doc for what is left out."""
+    result = Accrued()
+    if not observed:
+        return result
+    ids = [attempt_id for attempt_id, _ in observed]
+    begin_write(session)
+    job_ids = sorted(
+        set(session.exec(select(Attempt.job_id).where(col(Attempt.id).in_(ids))).all())
+    )
+    lock = select(Job).where(col(Job.id).in_(job_ids)).order_by(col(Job.id))
+    if is_postgres(session):
+        lock = lock.with_for_update()
+    options: dict[str, Any] = {"populate_existing": True}
+    jobs = {job.id: job for job in session.exec(lock, execution_options=options).all()}
+    attempts = {
+        attempt.id: attempt
+        for attempt in session.exec(
+            select(Attempt).where(col(Attempt.id).in_(ids)), execution_options=options
+        ).all()
+    }
+    sums = {
+        job_id: (int(reserved), int(spent))
+        for job_id, reserved, spent in session.execute(_SUMS, {"job_ids": job_ids}).all()
+    }
+    horizon = max(lease_seconds, lookahead_seconds)
+    rows: list[dict[str, Any]] = []
+    booked_by_team: dict[str, int] = defaultdict(int)
+    seen: set[str] = set()
+    for attempt_id, now in observed:
+        attempt = attempts.get(attempt_id)
+        job = jobs.get(attempt.job_id) if attempt is not None else None
+        if attempt is None or job is None or attempt.status != RUNNING or is_terminal(job.status):
+            result.idle.append(attempt_id)
+            continue
+        held, spent = sums.get(job.id, (0, 0))
+        step = _common_case(attempt, job, held, spent, now, lookahead_seconds, horizon)
+        if step is None or job.id in seen:
+            result.one_by_one.append(attempt_id)
+            continue
+        seen.add(job.id)
+        bill, lease_until = step
+        attempt.billed_seconds = bill.billed_seconds
+        attempt.cost_micros = bill.cost_micros
+        attempt.lease_until = lease_until
+        session.add(attempt)
+        if bill.spend:
+            entry = {"team_id": job.team_id, "job_id": job.id, "created_at": now}
+            rows.append({**entry, "attempt_id": attempt.id, "kind": SPEND})
+            rows[-1]["amount_micros"] = bill.spend
+            release = min(bill.spend, held)
+            if release > 0:
+                rows.append({**entry, "attempt_id": None, "kind": RELEASE})
+                rows[-1]["amount_micros"] = release
+            booked_by_team[job.team_id] += bill.spend
+        result.booked.append(attempt_id)
+    session.flush()
+    if rows:
+        session.execute(_INSERT, rows)
+    _alerts(session, booked_by_team, max(now for _, now in observed))
+    session.commit()
+    return result
+
+
+def _common_case(
+    attempt: Attempt,
+    job: Job,
+    held: int,
+    spent: int,
+    now: datetime,
+    lookahead_seconds: float,
+    horizon_seconds: float,
+) -> tuple[accrual.Booking, datetime] | None:
+    """The booking and the lease's new end, when this accrual is the common case (module
+    doc); None when ``lifecycle.accrue`` must do it."""
+    if attempt.started_at is None:
+        return None
+    if attempt.lease_until is not None and now > attempt.lease_until:
+        return None  # lapsed: the attempt ends
+    minimum = minimum_seconds(attempt)
+    price = attempt.price_micros_per_hour
+    bill = accrual.booking(
+        price,
+        attempt.started_at,
+        minimum,
+        attempt.billed_seconds,
+        attempt.cost_micros,
+        attempt.lease_until,
+        now,
+    )
+    if bill.overrun:
+        return None
+    held_after = held - min(bill.spend, max(held, 0))
+    left_after = job.max_cost_micros - spent - bill.spend
+    need = accrual.lease_need(
+        price, attempt.started_at, minimum, bill.cost_micros, now, horizon_seconds
+    )
+    if need > held_after and left_after > held_after:
+        return None  # the reservation must be topped up from the team's budget
+    lease_until = accrual.lease_end(
+        price,
+        attempt.started_at,
+        bill.cost_micros,
+        min(need, held_after, left_after),
+        attempt.lease_until,
+        now,
+        horizon_seconds,
+    )
+    if (lease_until - now).total_seconds() < lookahead_seconds:
+        return None  # the money does not cover the next check: the job stops
+    return bill, lease_until
+
+
+def _alerts(session: Session, booked_by_team: dict[str, int], now: datetime) -> None:
+    """Warn for each team this batch took past its budget alert threshold."""
+    for team_id, booked in booked_by_team.items():
+        team = session.get(Team, team_id)
+        if team is None or not booked:
+            continue
+        figures = team_budget(session, team, now)
+        threshold = figures.alert_at * figures.limit
+        if figures.spent - booked < threshold <= figures.spent:
+            log.warning(
+                "team %s passed its budget alert: %s of %s USD spent",
+                team.name,
+                format_usd(figures.spent),
+                format_usd(figures.limit),
+                extra={"team_id": team.id},
+            )
