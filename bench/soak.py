@@ -9,7 +9,9 @@ and GCP, spot or auto) are submitted through the REST API, keeping at most
 ``--in-flight`` unfinished. Prints, then one JSON line last:
 
 - simulated jobs finished per wall-clock minute;
-- p50 / p99 duration of a tick and of an observe (from the workers' /metrics histogram);
+- job statuses, and how many jobs missed their deadline (``deadline_met`` false);
+- p50 / p99 duration of a tick, of an observe and of an observe batch (the workers'
+  /metrics histogram);
 - live attempts per tick (sampled once a second: mean and max);
 - orphans (broker-tagged instances still running after the last job and one reconcile);
 - ledger vs billing: sum over jobs of |booked spend - sum of attempts' billed seconds x
@@ -172,8 +174,10 @@ def main() -> None:
                 statuses: dict[str, int] = {}
                 ledger_gap = 0
                 billing_mismatch = 0
+                late = 0
                 for job in session.exec(select(Job)).all():
                     statuses[job.status] = statuses.get(job.status, 0) + 1
+                    late += job.deadline_met is False
                     attempts = session.exec(select(Attempt).where(Attempt.job_id == job.id)).all()
                     booked = job_spent(session, job.id)
                     billed = sum(
@@ -197,11 +201,15 @@ def main() -> None:
         "jobs_refused": refused,
         "jobs_finished": finished,
         "statuses": statuses,
+        "deadline_missed": late,
         "wall_seconds": round(wall, 1),
         "jobs_per_wall_minute": round(finished / wall * 60, 1),
         "tick_p50_s": histogram_quantile(metrics, "broker_tick_seconds", "tick", 0.5),
         "tick_p99_s": histogram_quantile(metrics, "broker_tick_seconds", "tick", 0.99),
         "observe_p99_s": histogram_quantile(metrics, "broker_tick_seconds", "observe", 0.99),
+        "observe_batch_p99_s": histogram_quantile(
+            metrics, "broker_tick_seconds", "observe_batch", 0.99
+        ),
         "live_attempts_per_tick_mean": round(statistics.fmean(live_samples), 1),
         "live_attempts_per_tick_max": max(live_samples),
         "orphans": len(orphans),
@@ -213,10 +221,13 @@ def main() -> None:
         "instances": "light (in-process)",
     }
     print(f"jobs finished: {finished} of {submitted} ({refused} refused) in {wall:.0f} s")
-    print(f"  statuses: {statuses}")
+    print(f"  statuses: {statuses}; deadline missed (finished late or not at all): {late}")
     print(f"  simulated jobs per wall-clock minute: {figures['jobs_per_wall_minute']}")
     print(f"  tick p50/p99: {figures['tick_p50_s']} / {figures['tick_p99_s']} s (bucket bounds)")
-    print(f"  observe p99: {figures['observe_p99_s']} s")
+    print(
+        f"  observe p99: {figures['observe_p99_s']} s, "
+        f"observe batch p99: {figures['observe_batch_p99_s']} s"
+    )
     print(
         f"  live attempts per tick: mean {figures['live_attempts_per_tick_mean']}, "
         f"max {figures['live_attempts_per_tick_max']}"

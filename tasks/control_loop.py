@@ -49,7 +49,7 @@ def observe(attempt_id: str) -> None:
 @app.task
 def observe_batch(attempt_ids: list[str]) -> int:
     """Poll a batch of attempts: one describe per provider and region, then each decided."""
-    with TICK_SECONDS.labels("observe").time():
+    with TICK_SECONDS.labels("observe_batch").time():
         regions = get_runner().observe_many([str(a) for a in attempt_ids])
     fault_point("before_ack")
     return regions

@@ -37,7 +37,7 @@ from broker.services.ledger import RELEASE, RESERVE, SPENT_KINDS, period_start
 
 TICK_SECONDS = Histogram(
     "broker_tick_seconds",
-    "Wall time of one beat tick or one observe of an attempt, in seconds.",
+    "Wall time of one beat tick, one observe of an attempt or one observe batch, in seconds.",
     ["task"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
