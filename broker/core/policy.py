@@ -44,11 +44,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
-from functools import lru_cache, wraps
+from functools import wraps
 from typing import TypeVar, cast
 
 import numpy as np
 
+from broker.core.plan_cache import PlanCache
 from broker.core.spot_chain import chain_state, fit_chain
 from broker.core.spot_mdp import SpotPlan, plan_step_hours, solve_hours
 
@@ -359,7 +360,7 @@ def plan_for(state: PolicyState) -> SpotPlan:
     those seen in every zone of the history as the prior."""
     seen = [state.history.zones.get(z, ZoneHistory()) for z in state.zones]
     fleet = state.history.zones.values()
-    return _cached_plan(
+    key = (
         tuple(sorted(r for h in seen for r in h.up_runs)),
         tuple(sorted(r for h in seen for r in h.down_runs)),
         tuple(sorted(r for h in fleet for r in h.up_runs)),
@@ -371,10 +372,14 @@ def plan_for(state: PolicyState) -> SpotPlan:
         state.spot_price,
         state.on_demand_price,
     )
+    return PLANS.get(key, lambda: _solve(*key))
 
 
-@lru_cache(maxsize=8)  # a plan is up to tens of MB
-def _cached_plan(
+# Every job's plan, kept while memory allows: one per live job is asked on every tick.
+PLANS = PlanCache()
+
+
+def _solve(
     up_runs: tuple[float, ...],
     down_runs: tuple[float, ...],
     fleet_up_runs: tuple[float, ...],

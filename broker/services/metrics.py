@@ -41,6 +41,12 @@ TICK_SECONDS = Histogram(
     ["task"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
+POLICY_PLANS = Counter(
+    "broker_policy_plans_total",
+    "Spot plans the policy asked for, by result: hit (kept from an earlier ask) or miss "
+    "(solved).",
+    ["result"],
+)
 PROVIDER_ERRORS = Counter(
     "broker_provider_errors_total",
     "Errors the runner caught from a cloud provider, by kind "

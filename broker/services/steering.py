@@ -10,7 +10,7 @@ runner (``broker.services.runner``) carries a move out.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -23,12 +23,40 @@ from broker.core.spot_model import family
 from broker.db.models import Attempt, Job
 from broker.services import spot_model
 from broker.services.ledger import job_reserved, job_spent
+from broker.services.metrics import POLICY_PLANS
 from broker.services.plans import ChosenPlan, job_plan
 from broker.services.quoting import Planning
 from broker.services.reservations import finish_on_demand, offer_prices
 
 Steer = Literal["continue", "on_demand", "spot"]
 REFUSED_HOURS = 1.0  # a zone that refused or preempted spot this recently is taken as out of it
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """What every job's decision at one instant shares, read once for a batch of them: spot
+    availability as the broker's own attempts saw it (``spot_history``) and the zones that
+    refused or preempted spot lately (``refused_zones``)."""
+
+    history: policy.AvailabilityHistory
+    refused: set[str]
+
+
+def fleet_view(session: Session, now: datetime) -> FleetView:
+    """The fleet's view at ``now`` (two queries)."""
+    return FleetView(spot_history(session, now), refused_zones(session, now))
+
+
+def _decide(state: policy.PolicyState) -> policy.Decision:
+    """``policy.decide``, counting whether its plan was kept or solved (``POLICY_PLANS``)."""
+    before = policy.PLANS.stats()
+    decision = policy.decide(state)
+    after = policy.PLANS.stats()
+    if after.hits > before.hits:
+        POLICY_PLANS.labels("hit").inc(after.hits - before.hits)
+    if after.misses > before.misses:
+        POLICY_PLANS.labels("miss").inc(after.misses - before.misses)
+    return decision
 
 
 def market_now(
@@ -48,7 +76,7 @@ def market_now(
     state = policy_state(planning, session, job, None, now, tick_hours)
     if state is None:
         return None
-    decision = policy.decide(state)
+    decision = _decide(state)
     if decision.action == policy.Action.ON_DEMAND or not any(state.spot_obtainable):
         return "on_demand"
     return None
@@ -61,6 +89,7 @@ def steer(
     attempt: Attempt,
     now: datetime,
     tick_hours: float,
+    view: FleetView | None = None,
 ) -> Steer:
     """Keep a running attempt, or switch its market when the plan or the deadline says so.
 
@@ -76,18 +105,22 @@ def steer(
     the work it did since, can still finish in time, it is the job's only chance: keep it.
 
     An on-demand attempt of an ``auto`` job moves back to spot when the policy says so
-    (``_back_to_spot``), as the simulated broker does once spot returns.
+    (``_back_to_spot``), as the simulated broker does once spot returns. ``view``: the
+    fleet's view at ``now`` when a batch of decisions shares it (read here otherwise).
     """
     if attempt.market == "on_demand":
-        return _back_to_spot(planning, session, job, attempt, now, tick_hours)
+        if job.market != "auto":
+            return "continue"
+        view = view or fleet_view(session, now)
+        return _back_to_spot(planning, session, job, attempt, now, tick_hours, view)
     if job.market == "spot":
         return "continue"
-    state = policy_state(planning, session, job, attempt, now, tick_hours)
+    state = policy_state(planning, session, job, attempt, now, tick_hours, view)
     if state is None:
         return "continue"
     move = state.slack_hours - state.tick_hours < state.restart_hours
     if not move:
-        move = policy.decide(state).action == policy.Action.ON_DEMAND
+        move = _decide(state).action == policy.Action.ON_DEMAND
     if not move:
         return "continue"
     if planning.plans_for_job(session, job, now, market="on_demand").choices:
@@ -104,6 +137,7 @@ def _back_to_spot(
     attempt: Attempt,
     now: datetime,
     tick_hours: float,
+    view: FleetView,
 ) -> Steer:
     """Spot when the policy would leave on-demand for spot in a zone that has not
     refused or preempted spot lately, a spot plan fits what is left, and the move loses
@@ -111,15 +145,13 @@ def _back_to_spot(
     """
     if job.market != "auto":
         return "continue"
-    state = policy_state(planning, session, job, attempt, now, tick_hours)
-    if state is None or policy.decide(state).action != policy.Action.SPOT:
+    state = policy_state(planning, session, job, attempt, now, tick_hours, view)
+    if state is None or _decide(state).action != policy.Action.SPOT:
         return "continue"
     work_per_hour = job.total_work / state.work_total_hours
     if (job.work_done - job.checkpointed_work) / work_per_hour > tick_hours:
         return "continue"
-    spot = planning.plans_for_job(
-        session, job, now, market="spot", exclude_zones=refused_zones(session, now)
-    )
+    spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=view.refused)
     return "spot" if spot.choices else "continue"
 
 
@@ -130,6 +162,7 @@ def policy_state(
     attempt: Attempt | None,
     now: datetime,
     tick_hours: float,
+    view: FleetView | None = None,
 ) -> policy.PolicyState | None:
     """What ``policy.decide`` sees of a job (and its running attempt, if any) at ``now``:
     prices in $/h of the offer it runs or plans on, spend and reservation in $ from the
@@ -156,7 +189,8 @@ def policy_state(
     where = attempt or plan
     assert where is not None  # a GPU came from one of them
     spot_price, on_demand_price = _prices(planning, where)
-    live = spot_history(session, now)
+    view = view or fleet_view(session, now)
+    live = view.history
     # Live, spot is known only where an attempt ran or tried to launch: the policy weighs
     # those of the shape's zones (and the job's own), not zones no launch has tried.
     zones = tuple(
@@ -165,7 +199,7 @@ def policy_state(
         if z == where.zone or z in live.zones
     )
     history = zone_histories(session, where.provider, where.instance_type, where.gpu, zones, live)
-    refused = refused_zones(session, now)
+    refused = view.refused
     running_spot = attempt.zone if attempt is not None and attempt.market == "spot" else None
     spent = job_spent(session, job.id)
     finish = finish_on_demand(planning, session, job, now, tick_hours)

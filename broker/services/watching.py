@@ -27,7 +27,7 @@ from broker.services.lifecycle import LAUNCHING, RUNNING, ToTerminate
 from broker.services.metrics import PROVIDER_ERRORS
 from broker.services.quoting import Planning
 from broker.services.spend_control import SpendControls, leases_due
-from broker.services.steering import steer
+from broker.services.steering import FleetView, fleet_view, steer
 from providers.base import InstanceNotFound, InstanceRef, InstanceState, Provider, TransientError
 
 log = logging.getLogger(__name__)
@@ -165,10 +165,13 @@ class Watching:
                     execution_options={"populate_existing": True},
                 ).all()
             }
+            # one read of the fleet's spot history for every auto job's decision
+            auto = any(job.market == "auto" for job in jobs.values())
+            view = fleet_view(session, now) if auto else None
             for attempt_id in attempt_ids:
                 if attempt_id in settled:
                     attempt = attempts[attempt_id]
-                    self._decide(session, jobs[attempt.job_id], attempt, now)
+                    self._decide(session, jobs[attempt.job_id], attempt, now, view)
         return alone
 
     def _up(
@@ -246,7 +249,14 @@ class Watching:
             session.refresh(job)
             self._decide(session, job, attempt, now)
 
-    def _decide(self, session: Session, job: Job, attempt: Attempt, now: datetime) -> None:
+    def _decide(
+        self,
+        session: Session,
+        job: Job,
+        attempt: Attempt,
+        now: datetime,
+        view: FleetView | None = None,
+    ) -> None:
         """After a running attempt's spend is booked: settle the job whose work a checkpoint
         holds, stop it at its deadline, else steer it."""
         if lifecycle.work_complete(job):  # a checkpoint holds it all, not a report's word
@@ -262,7 +272,7 @@ class Watching:
                 lifecycle.stop(session, job.id, JobStatus.DEADLINE_MISSED, "deadline passed", now)
             )
         else:
-            self._steer(session, job, attempt, now)
+            self._steer(session, job, attempt, now, view)
 
     def _describe(
         self,
@@ -335,11 +345,18 @@ class Watching:
         )
         return True
 
-    def _steer(self, session: Session, job: Job, attempt: Attempt, now: datetime) -> None:
+    def _steer(
+        self,
+        session: Session,
+        job: Job,
+        attempt: Attempt,
+        now: datetime,
+        view: FleetView | None = None,
+    ) -> None:
         """Carry out what ``steering.steer`` decides for a running attempt: keep it, or end it
         and launch the job on the other market."""
         self.planning.sync(session)
-        decision = steer(self.planning, session, job, attempt, now, self.tick_hours)
+        decision = steer(self.planning, session, job, attempt, now, self.tick_hours, view)
         if decision == "continue":
             return
         self._terminate(lifecycle.migrate(session, attempt.id, MOVE_REASONS[decision], now))
