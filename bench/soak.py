@@ -79,7 +79,7 @@ def main() -> None:
 
     from broker import clock
     from broker.client import BrokerApiError, BrokerClient, BrokerUnreachable
-    from broker.core.job_status import TERMINAL
+    from broker.core.job_status import TERMINAL, deadline_met
     from broker.core.money import cost_micros
     from broker.db.engine import get_engine
     from broker.db.models import Attempt, Job
@@ -177,7 +177,7 @@ def main() -> None:
                 late = 0
                 for job in session.exec(select(Job)).all():
                     statuses[job.status] = statuses.get(job.status, 0) + 1
-                    late += job.deadline_met is False
+                    late += deadline_met(job.status, job.completed_at, job.deadline) is False
                     attempts = session.exec(select(Attempt).where(Attempt.job_id == job.id)).all()
                     booked = job_spent(session, job.id)
                     billed = sum(
