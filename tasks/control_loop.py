@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from kombu.exceptions import ChannelError
 
@@ -47,10 +48,13 @@ def observe(attempt_id: str) -> None:
 
 
 @app.task
-def observe_batch(attempt_ids: list[str]) -> int:
-    """Poll a batch of attempts: one describe per provider and region, then each decided."""
+def observe_batch(attempt_ids: list[str], tick: str | None = None) -> int:
+    """Poll a batch of attempts: one describe per provider and region, then each decided;
+    with ``tick`` (the sending tick's broker time, ISO 8601) only those no batch of that tick
+    observed yet."""
+    at = datetime.fromisoformat(tick) if tick else None
     with TICK_SECONDS.labels("observe_batch").time():
-        regions = get_runner().observe_many([str(a) for a in attempt_ids])
+        regions = get_runner().observe_many([str(a) for a in attempt_ids], tick=at)
     fault_point("before_ack")
     return regions
 
@@ -96,8 +100,9 @@ def tick() -> dict[str, int]:
         # A tick's fan-out is stale a few ticks later: drop what no worker took by then, so a
         # slow worker does not work through a backlog of duplicates.
         expires = 3 * runner.tick_seconds + 5.0
+        tick_at = clock.now().isoformat()
         for batch in rounds:
-            observe_batch.apply_async((batch,), expires=expires)
+            observe_batch.apply_async((batch, tick_at), expires=expires)
         for job_id in due.launch:
             launch.apply_async((job_id,), expires=expires)
     return {"leases": renewed, "observe": len(due.observe), "launch": len(due.launch)}

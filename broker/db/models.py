@@ -136,6 +136,9 @@ class Attempt(SQLModel, table=True):
     lease_until: datetime | None = _ts(nullable=True, index=True)
     # The agent's last accepted call (broker clock): an agent silent for too long is lost.
     last_heard_at: datetime | None = _ts(nullable=True)
+    # The beat tick (its broker time) whose observation claimed this attempt: a batch of a
+    # tick observes only the attempts it claims, so two workers never observe one twice.
+    observed_tick: datetime | None = _ts(nullable=True)
     exit_code: int | None = None  # the training program's, as its agent reported it
     # The program's output stored so far (bytes, with the truncation line) and in how many
     # chunks: the next chunk's number and the log limit's count.

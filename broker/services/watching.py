@@ -13,10 +13,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+from sqlalchemy import bindparam, or_, update
 from sqlmodel import Session, col, select
 
 from broker import clock
 from broker.core.job_status import JobStatus
+from broker.db.engine import begin_write
 from broker.db.models import Attempt, Job
 from broker.faults import fault_point
 from broker.services import lifecycle
@@ -37,6 +39,29 @@ MOVE_REASONS = {  # steer's market switches, as the migration reason says them
     "on_demand": "deadline close: moving to on-demand",
 }
 SWEEP_BATCH = 500  # attempts booked per transaction by the lease sweep
+
+
+_CLAIM = (
+    update(Attempt)
+    .where(
+        col(Attempt.id).in_(bindparam("ids", expanding=True)),
+        col(Attempt.status).in_((LAUNCHING, RUNNING)),
+        or_(col(Attempt.observed_tick).is_(None), col(Attempt.observed_tick) < bindparam("tick")),
+    )
+    .values(observed_tick=bindparam("tick"))
+    .returning(col(Attempt.id))
+)
+
+
+def claim(session: Session, attempt_ids: Sequence[str], tick: datetime) -> list[str]:
+    """The live attempts among ``attempt_ids`` no batch has observed for ``tick`` (or a later
+    tick), now claimed for it, in the order given: one statement, committed."""
+    if not attempt_ids:
+        return []
+    begin_write(session)
+    claimed = set(session.execute(_CLAIM, {"ids": list(attempt_ids), "tick": tick}).scalars())
+    session.commit()
+    return [attempt_id for attempt_id in attempt_ids if attempt_id in claimed]
 
 
 class Watching:
@@ -90,16 +115,23 @@ class Watching:
                     self._terminate(stopped)
         return len(due)
 
-    def observe_many(self, attempt_ids: Sequence[str]) -> int:
+    def observe_many(self, attempt_ids: Sequence[str], tick: datetime | None = None) -> int:
         """Observe a batch of attempts: their instances are described together, one
         ``describe_many`` per provider and region (a region whose describe fails leaves its
         attempts to the next tick), then decided at the time the cloud answered. The common
         case (instance up, agent heard, spend within the job's reservation) is booked for the
         whole batch in one transaction (``accrual.accrue_many``); every other attempt goes
         through ``observe`` on its own. Returns how many cloud calls' worth of regions it
-        asked."""
+        asked.
+
+        ``tick``: the broker time of the beat tick that sent the batch. The batch then
+        observes only the attempts it claims for that tick (``claim``), so a worker handed
+        the same attempts for the same tick again (a redelivered or duplicated task, a
+        second worker) observes none of them twice."""
         groups: dict[tuple[str, str], list[InstanceRef]] = {}
         with self._session() as session:
+            if tick is not None:
+                attempt_ids = claim(session, attempt_ids, tick)
             attempts = session.exec(
                 select(Attempt).where(
                     col(Attempt.id).in_(list(attempt_ids)), col(Attempt.status) == RUNNING

@@ -4,17 +4,19 @@ cloud's answer, and an instance gone from the cloud ends only its own attempt.""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from broker.clock import ManualClock
-from broker.db.models import Attempt
+from broker.db.models import Attempt, LedgerEntry
 from broker.services import admission, lifecycle
 from broker.services.job_spec import JobSpec
+from broker.services.ledger import SPEND
 from broker.services.quoting import get_planning
 from broker.services.runner import Runner
 from broker.services.teams import create_team
@@ -62,8 +64,10 @@ def _providers(cloud: LocalCloud) -> dict[str, Provider]:
     }
 
 
-def _populate(session: Session, providers: dict[str, Provider], now: datetime, count: int) -> Any:
-    team = create_team(session, "batch", 10**12, "month", 0.8, now)
+def _populate(
+    session: Session, providers: dict[str, Provider], now: datetime, count: int, name: str = "batch"
+) -> Any:
+    team = create_team(session, name, 10**12, "month", 0.8, now)
     spec = JobSpec.model_validate(SPEC)
     ids = []
     for n in range(count):
@@ -143,3 +147,64 @@ def test_a_batch_is_described_once_per_region_books_every_attempt_and_ends_only_
         assert attempt.billed_seconds == pytest.approx(600)
     for attempt_id in ids:
         hands.terminate(lifecycle.attempt_instances(session, attempts[attempt_id]))
+
+
+def _hands(db_engine: Any, providers: dict[str, Provider]) -> Runner:
+    return Runner(
+        db_engine,
+        providers,
+        get_planning(),
+        agent_secret="s",
+        api_url="http://127.0.0.1:9",
+        tick_seconds=5.0,
+        agent_silence_seconds=1e9,
+    )
+
+
+def _spends(session: Session, ids: list[str]) -> dict[str, int]:
+    session.rollback()
+    rows = session.exec(
+        select(LedgerEntry.attempt_id).where(
+            LedgerEntry.kind == SPEND, col(LedgerEntry.attempt_id).in_(ids)
+        )
+    ).all()
+    return {attempt_id: rows.count(attempt_id) for attempt_id in ids}
+
+
+def test_two_workers_handed_one_ticks_batch_observe_each_attempt_once(
+    session: Session, db_engine: Any, clock: Any, cloud: LocalCloud
+) -> None:
+    """A tick's batch delivered to two workers at once (a duplicate, a redelivery): each
+    attempt is claimed by one of them, observed and billed once; the next tick observes it
+    again; the same tick's batch handed over once more observes nothing."""
+    providers = _providers(cloud)
+    ids = _populate(session, providers, clock.now(), 8, name="two-workers")
+    workers = [_hands(db_engine, _providers(cloud)) for _ in range(2)]
+    try:
+        clock.advance(300)
+        tick = clock.now()
+        start = threading.Barrier(2)
+
+        def work(runner: Runner) -> None:
+            start.wait()
+            runner.observe_many(ids, tick=tick)
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert _spends(session, ids) == dict.fromkeys(ids, 1)
+
+        assert workers[0].observe_many(ids, tick=tick) == 0  # the same tick again: no call
+        assert _spends(session, ids) == dict.fromkeys(ids, 1)
+
+        clock.advance(300)
+        assert workers[1].observe_many(ids, tick=clock.now()) == 4
+        assert _spends(session, ids) == dict.fromkeys(ids, 2)
+        billed = [a.billed_seconds for a in session.exec(select(Attempt)) if a.id in ids]
+        assert billed == [pytest.approx(600)] * len(ids)
+    finally:
+        for attempt in session.exec(select(Attempt)).all():
+            if attempt.id in ids:
+                workers[0].terminate(lifecycle.attempt_instances(session, attempt))
