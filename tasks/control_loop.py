@@ -25,8 +25,13 @@ log = logging.getLogger(__name__)
 
 @app.task(autoretry_for=(TransientError,), retry_backoff=True, max_retries=5)
 def launch(job_id: str, market: str | None = None) -> str | None:
-    """Launch a job's next plan (or complete an interrupted launch)."""
-    attempt_id = get_runner().launch(str(job_id), market)
+    """Launch a job's next plan (or complete an interrupted launch). A launch without a
+    market (admission's, the tick's) lets a waiting job due sooner go first."""
+    runner = get_runner()
+    if market is None:
+        attempt_id = runner.launch_urgent_first(str(job_id))
+    else:
+        attempt_id = runner.launch(str(job_id), market)
     fault_point("before_ack")
     return attempt_id
 

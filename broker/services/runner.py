@@ -104,6 +104,38 @@ class Runner(Watching):
 
     # -- launching ------------------------------------------------------------------------
 
+    def launch_urgent_first(self, job_id: str) -> str | None:
+        """Admission's launch of a job: the waiting job with the earliest deadline, when it is
+        due before this one and nothing launches it yet, goes first. Admission enqueues its
+        launches in submission order; a burst of them (a queue of launches each taking a
+        second) would otherwise start a tight job last. Returns this job's attempt id."""
+        urgent = self._more_urgent(job_id)
+        if urgent is not None:
+            self.launch(urgent)
+        return self.launch(job_id)
+
+    def _more_urgent(self, job_id: str) -> str | None:
+        """The waiting job, without a live attempt and within the live-attempt limits, with
+        the earliest deadline before ``job_id``'s, if any."""
+        with self._session() as session:
+            job = session.get(Job, job_id)
+            if job is None:
+                return None
+            live = select(Attempt.job_id).where(col(Attempt.status).in_((LAUNCHING, RUNNING)))
+            row = session.exec(
+                select(Job.id, Job.team_id)
+                .where(
+                    col(Job.status).in_(WAITING),
+                    col(Job.deadline) < job.deadline,
+                    col(Job.id).not_in(live),
+                )
+                .order_by(col(Job.deadline), col(Job.id))
+                .limit(1)
+            ).first()
+            if row is None or not may_launch(self.controls, live_counts(session), row[1]):
+                return None
+            return row[0]
+
     def launch(self, job_id: str, market: str | None = None) -> str | None:
         """Launch the job's next plan (or finish a launch under way); returns the attempt id."""
         with self._session() as session:

@@ -170,3 +170,20 @@ def test_a_tick_launches_the_waiting_jobs_earliest_deadline_first(
     middle = submit(budget=1_000_000_003, deadline="2027-03-01T12:00:00Z")
     assert loose.id < tight.id < middle.id  # submission order is not deadline order
     assert runner(db_engine, Cloud(), "secret").due().launch == [tight.id, middle.id, loose.id]
+
+
+def test_admissions_launch_of_a_loose_job_starts_a_tighter_waiting_job_first(
+    session, db_engine, clock, submit
+):
+    loose = submit(budget=1_000_000_011, deadline="2027-06-01T12:00:00Z", market="on_demand")
+    tight = submit(budget=1_000_000_012, deadline="2027-01-10T12:00:00Z", market="on_demand")
+    cloud = Cloud()
+    hands = runner(db_engine, cloud, "secret")
+    # the launch tasks run in submission order: the loose job's first
+    hands.launch_urgent_first(loose.id)
+    assert [r.tags["broker-job"] for r in cloud.requests] == [tight.id, loose.id]
+    hands.launch_urgent_first(tight.id)  # already running: nothing more
+    assert len(cloud.requests) == 2
+    later = submit(budget=1_000_000_013, deadline="2027-09-01T12:00:00Z", market="on_demand")
+    hands.launch_urgent_first(later.id)  # nothing waiting is due sooner: only itself
+    assert [r.tags["broker-job"] for r in cloud.requests] == [tight.id, loose.id, later.id]
