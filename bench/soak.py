@@ -104,7 +104,11 @@ def main() -> None:
         concurrency=args.concurrency,
         fault_rate=args.fault_rate,
         instance_runner="light",  # hundreds of real processes would swamp a small machine
-        extra_env={"BROKER_CELERY_QUEUE": f"broker-soak-{secrets.token_hex(4)}"},
+        extra_env={
+            "BROKER_CELERY_QUEUE": f"broker-soak-{secrets.token_hex(4)}",
+            # one team submits every job: let it run all it keeps in flight (default 32)
+            "BROKER_MAX_LIVE_ATTEMPTS_PER_TEAM": str(max(args.in_flight, 32)),
+        },
     )
     live_samples: list[int] = []
     print("instances: light (in-process plays of the agent, no process per instance)")
