@@ -117,7 +117,11 @@ def tick() -> dict[str, int]:
 def reconcile() -> dict[str, int]:
     """Beat: terminate orphans, mark attempts whose instance is gone."""
     report = get_runner().reconcile()
-    return {"orphans": len(report.orphans_terminated), "gone": len(report.attempts_marked_gone)}
+    return {
+        "orphans": len(report.orphans_terminated),
+        "ended": len(report.ended_terminated),
+        "gone": len(report.attempts_marked_gone),
+    }
 
 
 @app.task

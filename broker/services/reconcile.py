@@ -19,7 +19,7 @@ from broker import clock
 from broker.db.engine import open_session
 from broker.db.models import Attempt, AttemptNode
 from broker.services import lifecycle
-from broker.services.lifecycle import LAUNCHING, RUNNING
+from broker.services.lifecycle import ENDED, LAUNCHING, RUNNING
 from providers.base import TAG_ATTEMPT, ManagedInstance, Provider, ProviderError
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,11 @@ class ReconcileFailure:
 class ReconcileReport:
     """What one reconcile pass did, and what it could not do."""
 
+    # Instances the database knows no attempt of (a crash between launch and commit).
     orphans_terminated: list[str] = field(default_factory=list)
+    # Instances still running for an attempt that has ended (its terminate is on its way, or
+    # failed): terminated as the attempt's end asked.
+    ended_terminated: list[str] = field(default_factory=list)
     attempts_marked_gone: list[str] = field(default_factory=list)
     failures: list[ReconcileFailure] = field(default_factory=list)
     # Unknown instances younger than the minimum age: left for a later pass.
@@ -121,6 +125,19 @@ def _live_attempts(engine: Engine) -> dict[str, _Live]:
         }
 
 
+def _ended_attempts(engine: Engine, attempt_ids: list[str]) -> set[str]:
+    """Which of ``attempt_ids`` are attempts that have ended (one short read)."""
+    wanted = sorted({a for a in attempt_ids if a})
+    if not wanted:
+        return set()
+    with open_session(engine) as session:
+        return set(
+            session.exec(
+                select(Attempt.id).where(col(Attempt.id).in_(wanted), Attempt.status == ENDED)
+            ).all()
+        )
+
+
 def _whole(attempt: _Live, listed: set[str] | None) -> bool:
     """Whether a live attempt's instances are all in the listing: its one instance, or every
     node of a gang."""
@@ -169,6 +186,7 @@ def reconcile(
         else:
             orphans.append((provider, instance))
 
+    ended = _ended_attempts(engine, [i.state.tags.get(TAG_ATTEMPT, "") for _, i in orphans])
     for provider, instance in orphans:
         try:
             provider.terminate(instance)
@@ -176,14 +194,14 @@ def reconcile(
             where = (instance.provider, instance.region)
             _fail(report, *where, "terminate", instance.instance_id, error)
             continue
-        report.orphans_terminated.append(instance.instance_id)
-        log.warning(
-            "orphan terminated",
-            extra={
-                "instance_id": instance.instance_id,
-                "attempt_id": instance.state.tags.get(TAG_ATTEMPT),
-            },
-        )
+        attempt_id = instance.state.tags.get(TAG_ATTEMPT, "")
+        extra = {"instance_id": instance.instance_id, "attempt_id": attempt_id}
+        if attempt_id in ended:  # its terminate was sent, or failed: cleanup, not an orphan
+            report.ended_terminated.append(instance.instance_id)
+            log.info("instance of an ended attempt terminated", extra=extra)
+        else:
+            report.orphans_terminated.append(instance.instance_id)
+            log.warning("orphan terminated", extra=extra)
 
     for attempt_id, attempt in live.items():
         if attempt.status != RUNNING or _whole(attempt, seen.get(attempt_id)):

@@ -296,3 +296,40 @@ def test_no_database_transaction_is_open_during_a_cloud_call(
     assert report.attempts_marked_gone == [known.id]  # "i-1" is in no cloud
     assert checked["aws"].calls == ["list_managed", "terminate"]
     assert checked["gcp"].calls == ["list_managed", "terminate"]
+
+
+def test_an_ended_attempts_instance_is_terminated_as_cleanup_not_counted_an_orphan(
+    providers: dict[str, Provider],
+    db_engine: Engine,
+    session: Session,
+    submit: Any,
+    aged: ManualClock,
+) -> None:
+    job = submit()
+    begun = lifecycle.begin_attempt(session, job.id, chosen(GCP_PLAN, 1_000_000), clock.now())
+    assert begun is not None
+    attempt, _ = begun
+    ref = providers["gcp"].launch(
+        LaunchRequest(
+            token=attempt.id,
+            provider="gcp",
+            region="us-central1",
+            zone="us-central1-a",
+            instance_type="n1-standard-8",
+            market="on_demand",
+            gpu="V100",
+            tags={"broker-job": job.id, "broker-attempt": attempt.id, "broker-team": "vision"},
+        )
+    )
+    lifecycle.launch_succeeded(
+        session, attempt.id, ref.instance_id, clock.now(), lease_seconds=LEASE
+    )
+    # the job is cancelled; the terminate its end asked for has not reached the cloud yet
+    lifecycle.cancel(session, job.team_id, job.id, clock.now())
+    orphan = _orphan(providers["gcp"])
+
+    report = reconcile(db_engine, providers, min_age_seconds=MIN_AGE)
+
+    assert report.ended_terminated == [ref.instance_id]
+    assert report.orphans_terminated == [orphan.instance_id]
+    assert providers["gcp"].describe(ref).status in ("terminated", "stopping")
