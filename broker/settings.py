@@ -245,6 +245,12 @@ class Settings(BaseSettings):
         return self.celery_queue + ".control"
 
     @property
+    def celery_observe_queue(self) -> str:
+        """The queue of the tick's observations, apart from launches and terminations, so a
+        backlog of launches never holds up watching what runs."""
+        return self.celery_queue + ".observe"
+
+    @property
     def resolved_metrics_dir(self) -> Path:
         """The folder of the processes' metric files, defaulting to ``data_dir/metrics``."""
         return (self.metrics_dir or self.data_dir / "metrics").resolve()

@@ -90,6 +90,9 @@ CONTROL_TASKS = (
 )
 
 
+OBSERVE_TASKS = ("tasks.control_loop.observe", "tasks.control_loop.observe_batch")
+
+
 def make_celery() -> Celery:
     """A Celery app configured from the broker's settings."""
     settings = get_settings()
@@ -104,8 +107,17 @@ def make_celery() -> Celery:
         task_default_queue=settings.celery_queue,
         # The beat's own tasks go through a queue of their own that every worker also
         # consumes, so a backlog of observations cannot hold up the spend-lease sweep.
-        task_queues=[Queue(settings.celery_queue), Queue(control)],
-        task_routes={name: {"queue": control} for name in CONTROL_TASKS},
+        # Observations have a queue of their own as well: the tick paces each fan-out on
+        # its own backlog, so queued launches never starve the watching of what runs.
+        task_queues=[
+            Queue(settings.celery_queue),
+            Queue(settings.celery_observe_queue),
+            Queue(control),
+        ],
+        task_routes={
+            **{name: {"queue": control} for name in CONTROL_TASKS},
+            **{name: {"queue": settings.celery_observe_queue} for name in OBSERVE_TASKS},
+        },
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,

@@ -69,13 +69,13 @@ def batches(items: list[str], size: int) -> list[list[str]]:
     return [items[i : i + size] for i in range(0, len(items), max(1, size))]
 
 
-def waiting_tasks() -> int:
-    """Messages waiting in the workers' main queue (a passive declare: every transport
-    counts them); 0 when there is no such queue (Redis keeps none while it is empty) or
-    when it cannot tell."""
+def waiting_tasks(queue: str | None = None) -> int:
+    """Messages waiting in ``queue`` (default: the workers' main queue; a passive declare:
+    every transport counts them); 0 when there is no such queue (Redis keeps none while it
+    is empty) or when it cannot tell."""
     try:
         with app.connection_for_write() as connection:
-            queue = get_settings().celery_queue
+            queue = queue or get_settings().celery_queue
             declared = connection.default_channel.queue_declare(queue, passive=True)
             return int(declared.message_count)
     except ChannelError as error:
@@ -98,10 +98,14 @@ def tick() -> dict[str, int]:
         # When the workers have not taken the last round, another one only piles stale
         # duplicates on it (launches among them expire unseen): skip it. The loop then lags,
         # its lag log says so and the embedded stack slows its clock.
-        rounds = batches(due.observe, get_settings().observe_batch_size)
-        fanout = len(rounds) + len(due.launch)
-        if fanout and waiting_tasks() >= fanout:
-            rounds, due.observe, due.launch = [], [], []
+        # Observations and launches are paced apart (their own queues): a backlog of
+        # launches must not stop the watching of what runs, nor the other way round.
+        settings = get_settings()
+        rounds = batches(due.observe, settings.observe_batch_size)
+        if rounds and waiting_tasks(settings.celery_observe_queue) >= len(rounds):
+            rounds, due.observe = [], []
+        if due.launch and waiting_tasks() >= len(due.launch):
+            due.launch = []
         # A tick's fan-out is stale a few ticks later: drop what no worker took by then, so a
         # slow worker does not work through a backlog of duplicates.
         expires = 3 * runner.tick_seconds + 5.0

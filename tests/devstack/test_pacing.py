@@ -102,14 +102,17 @@ def test_the_tick_counts_the_observations_still_waiting(tmp_path: Path, transpor
         env["BROKER_CELERY_BROKER_URL"] = _redis_url()
         env["BROKER_CELERY_QUEUE"] = f"broker-test-{uuid.uuid4().hex[:8]}"
     code = (
-        "from tasks.control_loop import observe, waiting_tasks\n"
-        "print(waiting_tasks())\n"
+        "from broker.settings import get_settings\n"
+        "from tasks.control_loop import launch, observe, waiting_tasks\n"
+        "queue = get_settings().celery_observe_queue\n"
+        "print(waiting_tasks(queue))\n"
         "for n in range(3): observe.apply_async((f'a-{n}',), expires=60)\n"
-        "print(waiting_tasks())\n"
+        "launch.apply_async(('job-1',), expires=60)\n"
+        "print(waiting_tasks(queue), waiting_tasks())\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["0", "3"]
+    assert done.stdout.split() == ["0", "3", "1"]  # observations and launches apart
     assert "could not count" not in done.stderr
