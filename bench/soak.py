@@ -13,6 +13,7 @@ and GCP, spot or auto) are submitted through the REST API, keeping at most
 - p50 / p99 duration of a tick, of an observe and of an observe batch (the workers'
   /metrics histogram);
 - live attempts per tick (sampled once a second: mean and max);
+- the policy's plans kept (cache hits) and solved (``broker_policy_plans_total``);
 - orphans (broker-tagged instances still running after the last job and one reconcile);
 - ledger vs billing: sum over jobs of |booked spend - sum of attempts' billed seconds x
   price| in micro-dollars, and attempts whose billed seconds differ from their run time.
@@ -37,6 +38,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def counter_value(text: str, metric: str, result: str) -> float:
+    """A ``result``-labelled counter's value in a /metrics text (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(f'{metric}{{result="{result}"}} '):
+            return float(line.split()[-1])
+    return 0.0
 
 
 def histogram_quantile(text: str, metric: str, task: str, q: float) -> float | None:
@@ -216,6 +225,8 @@ def main() -> None:
         ),
         "live_attempts_per_tick_mean": round(statistics.fmean(live_samples), 1),
         "live_attempts_per_tick_max": max(live_samples),
+        "policy_plans_hit": counter_value(metrics, "broker_policy_plans_total", "hit"),
+        "policy_plans_solved": counter_value(metrics, "broker_policy_plans_total", "miss"),
         "orphans": len(orphans),
         "ledger_vs_billed_micros": ledger_gap,
         "attempts_billed_other_than_run_time": billing_mismatch,
@@ -235,6 +246,12 @@ def main() -> None:
     print(
         f"  live attempts per tick: mean {figures['live_attempts_per_tick_mean']}, "
         f"max {figures['live_attempts_per_tick_max']}"
+    )
+    asked = figures["policy_plans_hit"] + figures["policy_plans_solved"]
+    print(
+        f"  policy plans: {figures['policy_plans_hit']:.0f} kept, "
+        f"{figures['policy_plans_solved']:.0f} solved "
+        f"(hit rate {figures['policy_plans_hit'] / asked if asked else 0:.2f})"
     )
     print(f"  orphans after reconcile: {len(orphans)}")
     print(f"  ledger vs billed seconds x price: {ledger_gap} micro-USD apart")
