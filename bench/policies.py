@@ -13,7 +13,14 @@ per start, the cheapest of the online rules, a bound on what choosing among them
 cells (scenario x job) where the broker costs more than ``CELL_LIMIT`` x Uniform Progress
 are listed.
 
-    python bench/policies.py [--starts 200] [--coarsen-below 60]
+Multi-zone is simulated in three views (``broker.sim.simulator``): ``multi`` what the live
+broker observes (its home zone, its launch attempts); ``multi_probe`` the same with a
+billed ``--probe-hours`` spot launch in the zone seen longest ago every
+``--probe-every-hours`` while the job is not on spot; ``multi_full`` every zone every tick
+for free (the figure before issue 22).
+
+    python bench/policies.py [--starts 200] [--coarsen-below 60] [--probe-every-hours 1]
+                             [--probe-hours 0.05]
 
 Traces sampled faster than ``--coarsen-below`` seconds (the 32 s preemption traces) are
 resampled to the smallest multiple above it, a block available only if all of it was: the
@@ -108,6 +115,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--starts", type=int, default=200)
     parser.add_argument("--coarsen-below", type=float, default=60.0)
+    parser.add_argument(
+        "--probe-every-hours", type=float, default=1.0, help="multi_probe: probe interval"
+    )
+    parser.add_argument(
+        "--probe-hours", type=float, default=0.05, help="multi_probe: billed spot time a probe"
+    )
     args = parser.parse_args()
     traces = tuple(coarsen(t, args.coarsen_below) for t in bundled_traces())
     # rows[(scope, policy)] -> list of per-case arrays of cost / optimal and cost / UP
@@ -118,7 +131,6 @@ def main() -> None:
     sim_seconds, sim_jobs, dp_seconds = 0.0, 0, 0.0
     plan_seconds, plan_count = 0.0, 0  # the broker's spot plans: one per job and refit day
     for name, zones in scenarios(traces):
-        scope = "single" if len(zones) == 1 else "multi"
         matrix, gap = zone_matrix(zones)
         offsets = start_offsets(matrix.shape[1], args.starts)
         labels = tuple(z.zone for z in zones)
@@ -136,35 +148,54 @@ def main() -> None:
         )
         plan_seconds += time.perf_counter() - began
         plan_count += len(runs) * plans[0][0].want.shape[1]  # runs x refit days
-        costs: dict[str, list[np.ndarray]] = {}
-        for policy in POLICIES:
-            began = time.perf_counter()
-            results = simulate_runs(
-                BATCH_POLICIES[policy], matrix, offsets, runs, labels, plans=plans
-            )
-            sim_seconds += time.perf_counter() - began
-            sim_jobs += len(offsets) * len(runs)
-            costs[policy] = [r.cost for r in results]
-            misses[(scope, policy)] += sum(int(r.missed.sum()) for r in results)
-            for r, bound in zip(results, best, strict=True):
-                if (r.cost < bound - 1e-6).any():
-                    raise AssertionError(f"{policy} beat the optimum on {name}")
-        # not a policy: per start, the cheapest of the online rules, picked with hindsight
-        # (how far choosing among the rules could go)
-        costs[PICK] = [
-            np.minimum.reduce([costs[p][i] for p in POLICIES if p != "on_demand"])
-            for i in range(len(runs))
-        ]
-        for policy, per_job in costs.items():
-            for i, cost in enumerate(per_job):
-                vs_opt[(scope, policy)].append(cost / best[i])
-                vs_up[(scope, policy)].append(cost / costs["uniform_progress"][i])
-        for job, ratio in zip(jobs, vs_up[(scope, "broker")][-len(jobs) :], strict=True):
-            label = f"{name} {job.work_hours:g}h x{job.deadline_hours / job.work_hours:g}"
-            cells.append((scope, f"{label} r{job.restart_hours:g}", float(ratio.mean())))
+        probe = max(1, round(args.probe_every_hours * 3600.0 / gap))  # ticks
+        views = (
+            [("single", "full", 0)]
+            if len(zones) == 1
+            else [
+                ("multi_full", "full", 0),
+                ("multi", "observed", 0),
+                ("multi_probe", "observed", probe),
+            ]
+        )
+        for scope, view, every in views:
+            costs: dict[str, list[np.ndarray]] = {}
+            for policy in POLICIES:
+                began = time.perf_counter()
+                results = simulate_runs(
+                    BATCH_POLICIES[policy],
+                    matrix,
+                    offsets,
+                    runs,
+                    labels,
+                    plans=plans,
+                    view=view,
+                    probe_every=every,
+                    probe_hours=args.probe_hours,
+                )
+                sim_seconds += time.perf_counter() - began
+                sim_jobs += len(offsets) * len(runs)
+                costs[policy] = [r.cost for r in results]
+                misses[(scope, policy)] += sum(int(r.missed.sum()) for r in results)
+                for r, bound in zip(results, best, strict=True):
+                    if (r.cost < bound - 1e-6).any():
+                        raise AssertionError(f"{policy} beat the optimum on {name}")
+            # not a policy: per start, the cheapest of the online rules, picked with hindsight
+            # (how far choosing among the rules could go)
+            costs[PICK] = [
+                np.minimum.reduce([costs[p][i] for p in POLICIES if p != "on_demand"])
+                for i in range(len(runs))
+            ]
+            for policy, per_job in costs.items():
+                for i, cost in enumerate(per_job):
+                    vs_opt[(scope, policy)].append(cost / best[i])
+                    vs_up[(scope, policy)].append(cost / costs["uniform_progress"][i])
+            for job, ratio in zip(jobs, vs_up[(scope, "broker")][-len(jobs) :], strict=True):
+                label = f"{name} {job.work_hours:g}h x{job.deadline_hours / job.work_hours:g}"
+                cells.append((scope, f"{label} r{job.restart_hours:g}", float(ratio.mean())))
         print(f"  done {name}", flush=True)
     summary: dict[str, dict[str, dict[str, float]]] = {}
-    print(f"\n{'scope':7} {'policy':20} {'mean/opt':>9} {'p90/opt':>8} {'mean/UP':>8} misses")
+    print(f"\n{'scope':11} {'policy':20} {'mean/opt':>9} {'p90/opt':>8} {'mean/UP':>8} misses")
     for (scope, policy), ratios in vs_opt.items():
         per_case = np.array([r.mean() for r in ratios])
         all_jobs = np.concatenate(ratios)
@@ -177,7 +208,7 @@ def main() -> None:
         }
         summary.setdefault(scope, {})[policy] = row
         print(
-            f"{scope:7} {policy:20} {row['mean_vs_optimal']:9.3f} {row['p90_vs_optimal']:8.3f}"
+            f"{scope:11} {policy:20} {row['mean_vs_optimal']:9.3f} {row['p90_vs_optimal']:8.3f}"
             f" {row['mean_vs_uniform_progress']:8.3f} {row['misses']:6d}"
         )
     print(f"({PICK}: per start, the cheapest of greedy / uniform_progress / broker)")
@@ -187,7 +218,7 @@ def main() -> None:
         summary[scope]["broker"]["cells"] = sum(c[0] == scope for c in cells)
     print(f"broker > {CELL_LIMIT} x UP (mean over starts) in {len(over)} of {len(cells)} cells")
     for scope, label, ratio in over:
-        print(f"  {scope:7} {ratio:6.3f}  {label}")
+        print(f"  {scope:11} {ratio:6.3f}  {label}")
     for scope, rows in summary.items():
         greedy, up = rows["greedy"]["mean_vs_optimal"], rows["uniform_progress"]["mean_vs_optimal"]
         closed = (greedy - up) / (greedy - 1.0) if greedy > 1.0 else float("nan")

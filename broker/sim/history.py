@@ -13,6 +13,14 @@ hazards (``spot_chain.fit_chain``), as live. ``prior``, runs recorded before the
 plays the part the bundled traces' runs play live (``broker.core.spot_model.combine``): they
 come first in the runs of the job's zones and of the fleet, so a start with no past at all
 plans on them (without them, on the chain's defaults).
+
+In the simulator's observed view (``simulator``), this history is still every zone's, up to
+the start: the choice made is that the broker's other jobs and its watching of the fleet
+(live: its recorded attempts and the bundled traces) saw each zone until the job starts, so
+a job begins with each zone's statistics and last known state; from the start on, a zone's
+history advances only on the ticks this job observes it. This is an optimistic bound on
+what a live broker knows at a start (a zone no job ran in lately is known only as of then),
+and the spot model's plan (``start_plans``) is likewise fitted on every zone's past.
 """
 
 from __future__ import annotations

@@ -13,6 +13,21 @@ starts at a trace offset and wraps around the end of the trace. The policy sees 
 has spent and its reservation (``scenario.reserved``), as live, so its budget net works here
 too.
 
+Two views of spot availability (``view``). ``"full"``: every zone's availability reaches the
+policy every tick, for free, and every zone's statistics advance every tick. ``"observed"``:
+only what the live broker can see. A job observes, each tick, its *home* zone (the zone it
+last held spot in; at the start its first zone), where the broker keeps a spot request
+open (a refused request costs nothing, and live it also learns a loss there), and any zone
+it launches spot into that tick (a refused launch: no instance, no money, the tick's time
+lost; an instance already held is kept, as live the old one is stopped only once the new
+one runs). A zone's statistics (observed and available hours, windows, last state, age)
+advance only on the ticks it is observed, and the policy's ``spot_obtainable`` for a zone
+is its last observed state there (at the start, the history's: ``broker.sim.history``). A
+single-zone job's only zone is its home, so single-zone results are the full view's
+exactly. Optional probes (every ``probe_every`` ticks while the job is not on spot): a
+``probe_hours`` spot launch in the zone seen longest ago (not the home zone), billed at the
+spot price when it gets an instance, reveals that zone for the tick.
+
 The simulator asks the policy through the same rule the live broker runs (the batched form of
 ``broker.core.policy``), for all start offsets in lockstep. ``broker.sim.hindsight`` gives the
 hindsight optimum on the same model.
@@ -77,14 +92,20 @@ def simulate_runs(
     zones: tuple[str, ...],
     plans: tuple[tuple[SpotPlan, ...], np.ndarray] | None = None,
     fleet: np.ndarray | None = None,
+    view: str = "full",
+    probe_every: int = 0,
+    probe_hours: float = 0.0,
 ) -> list[SimResult]:
     """Several jobs (same tick and prices) from every start offset, all in one lockstep loop.
 
     One result per run, in order. Batching the runs amortizes the per-tick numpy overhead,
     which dominates at a few hundred offsets. The ``broker`` policy's plans
     (``history.start_plans``, on ``fleet``'s history as the prior) are solved here unless
-    given.
+    given. ``view``, ``probe_every``, ``probe_hours``: see the module doc (probes only in
+    the observed view; 0: none).
     """
+    if view not in ("full", "observed"):
+        raise ValueError(f"unknown view {view!r}")
     if (
         len({t.hours for t, _ in runs}) != 1
         or len({(j.spot_price, j.on_demand_price) for _, j in runs}) != 1
@@ -110,6 +131,12 @@ def simulate_runs(
             *(prime_history(matrix, offsets, dt, t.span) for t, _ in runs), strict=True
         )
     )
+    n_zones = matrix.shape[0]
+    full = view == "full" or n_zones == 1
+    rows = np.arange(n)
+    home = np.zeros(n, np.int64)  # the zone the job last held spot in
+    seen_tick = np.zeros((n_zones, n), np.int64)  # tick each zone was last observed
+    probe_cost = np.zeros(n)
     plan_of = plan_row = None
     if plans is None and decide is broker_batch:  # it plans each job on the history before it
         plans = start_plans(matrix, offsets, dt, runs, fleet)
@@ -122,7 +149,6 @@ def simulate_runs(
     held = np.zeros((2, n), np.int64)  # parts on spot, on on-demand
     finish = np.full(n, -1, np.int64)
     stopped = np.zeros(n, bool)
-    rows = np.arange(n)
     hours_total, work_total_hours = deadline * unit, work_total * unit
     restart_hours, tick_hours = restart * unit, np.full(n, dt)
     for t in range(horizon):
@@ -132,11 +158,22 @@ def simulate_runs(
             break
         live = ~stopped & ~expired
         now = window[:, :, t]
-        observed = observed + dt
-        avail_hours = avail_hours + now * dt
-        windows = windows + (now & ~last)
-        age = np.where(now == last, age + dt, dt)
-        last = now
+        if full:
+            seen = np.ones((n_zones, n), bool)
+        else:
+            seen = np.zeros((n_zones, n), bool)
+            seen[home, rows] = True
+            if probe_every > 0 and t % probe_every == 0:
+                probing = live & (instance != Instance.SPOT)
+                stale = np.where(seen, np.iinfo(np.int64).max, seen_tick)
+                target = stale.argmin(axis=0)
+                seen[target[probing], rows[probing]] = True
+                got = probing & now[target, rows]
+                probe_cost += np.where(got, probe_hours * job.spot_price, 0.0)
+        observed, avail_hours, windows, last, age = _observe(
+            seen, now, dt, observed, avail_hours, windows, last, age
+        )
+        seen_tick[seen] = t
         lost = live & (instance == Instance.SPOT) & ~now[np.maximum(zone, 0), rows]
         instance[lost], zone[lost], overhead[lost] = Instance.NONE, -1, 0
         state = BatchState(
@@ -149,7 +186,7 @@ def simulate_runs(
             instance=instance,
             zone=zone,
             restart_left_hours=overhead * unit,
-            spot_obtainable=now,
+            spot_obtainable=now if full else last,
             spot_price=job.spot_price,
             on_demand_price=job.on_demand_price,
             observed_hours=observed,
@@ -161,12 +198,22 @@ def simulate_runs(
             plans=plans[0] if plans is not None else (),
             plan_of=plan_of,
             plan_row=plan_row,
-            spent=unit * (job.spot_price * held[0] + job.on_demand_price * held[1]),
+            spent=unit * (job.spot_price * held[0] + job.on_demand_price * held[1]) + probe_cost,
             reserved=cap,
         )
         action, target = decide(state)
         action = np.where(stopped, Action.STOP, np.where(expired, Action.CONTINUE, action))
-        _apply(action, target, now, instance, zone, overhead, restart, rows)
+        tried = _apply(action, target, now, instance, zone, overhead, restart, rows)
+        if not full:  # a launch attempt shows the policy its zone
+            tried &= live
+            attempt = np.zeros((n_zones, n), bool)
+            attempt[target[tried], rows[tried]] = True
+            attempt &= ~seen
+            observed, avail_hours, windows, last, age = _observe(
+                attempt, now, dt, observed, avail_hours, windows, last, age
+            )
+            seen_tick[attempt] = t
+            home = np.where(instance == Instance.SPOT, zone, home)
         stopped |= action == Action.STOP
         running = live & (instance != Instance.NONE)
         # the tick, or what is left of it before the deadline: the overhead first, then work
@@ -186,7 +233,7 @@ def simulate_runs(
     # a late job still gets finished on on-demand, so its cost is comparable
     catch_up = np.where(instance == Instance.ON_DEMAND, overhead, restart) + work_left
     cost = unit * (job.spot_price * held[0] + job.on_demand_price * held[1])
-    cost = cost + np.where(missed, catch_up * unit * job.on_demand_price, 0.0)
+    cost = cost + np.where(missed, catch_up * unit * job.on_demand_price, 0.0) + probe_cost
     finish_hours = np.where(missed, np.nan, finish * unit)
     return [
         SimResult(cost=cost[part], missed=missed[part], finish_hours=finish_hours[part])
@@ -203,18 +250,42 @@ def _apply(
     overhead: np.ndarray,
     restart: np.ndarray,
     rows: np.ndarray,
-) -> None:
-    """Carry out the decisions in place (a spot launch where spot is gone leaves the job idle)."""
+) -> np.ndarray:
+    """Carry out the decisions in place; where spot was launched, tried or not. A spot launch
+    where spot is gone gets no instance; one already held (on-demand, or spot elsewhere)
+    is kept, as live the old instance is stopped only once the new one runs."""
     spot = action == Action.SPOT
     move = spot & ~((instance == Instance.SPOT) & (zone == target))
     got = now[np.maximum(target, 0), rows]
     start = move & got
     instance[start], zone[start], overhead[start] = Instance.SPOT, target[start], restart[start]
-    failed = move & ~got
+    failed = move & ~got & (instance == Instance.NONE)
     od = (action == Action.ON_DEMAND) & (instance != Instance.ON_DEMAND)
     instance[od], zone[od], overhead[od] = Instance.ON_DEMAND, -1, restart[od]
     idle = failed | (action == Action.WAIT) | (action == Action.STOP)
     instance[idle], zone[idle], overhead[idle] = Instance.NONE, -1, 0
+    return move
+
+
+def _observe(
+    seen: np.ndarray,
+    now: np.ndarray,
+    dt: float,
+    observed: np.ndarray,
+    avail_hours: np.ndarray,
+    windows: np.ndarray,
+    last: np.ndarray,
+    age: np.ndarray,
+) -> tuple[np.ndarray, ...]:
+    """The zones' statistics (observed, available hours, windows, last, age) advanced by one
+    tick where ``seen``, as they were elsewhere."""
+    return (
+        observed + seen * dt,
+        avail_hours + (seen & now) * dt,
+        windows + (seen & now & ~last),
+        np.where(seen, now, last),
+        np.where(seen, np.where(now == last, age + dt, dt), age),
+    )
 
 
 @dataclass(frozen=True)

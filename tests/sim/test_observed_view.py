@@ -1,0 +1,106 @@
+"""The observed view: the policy sees only the zones the job looks at (issue 22)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from broker.core.policy_vectorized import BATCH_POLICIES
+from broker.sim.scenario import Ticks, TraceJob
+from broker.sim.simulator import simulate_runs
+
+# 1 h ticks; 4 h of work in 8 h; 1 h restart; spot $1/h, on-demand $3/h
+JOB = TraceJob(
+    work_hours=4.0, deadline_hours=8.0, restart_hours=1.0, spot_price=1.0, on_demand_price=3.0
+)
+TICKS = Ticks.of(JOB, 3600.0)
+LENGTH = 40
+
+
+def run(matrix: np.ndarray, policy: str, view: str, **probes: float) -> tuple[float, bool]:
+    """Cost and missed of one job started at tick 20 (20 ticks of history before it)."""
+    result = simulate_runs(
+        BATCH_POLICIES[policy],
+        matrix,
+        np.array([20]),
+        [(TICKS, JOB)],
+        ("a", "b"),
+        view=view,
+        **probes,  # type: ignore[arg-type]
+    )[0]
+    return float(result.cost[0]), bool(result.missed[0])
+
+
+# zone a (the job's home) never has spot; zone b has it from the job's start on only,
+# so no history shows it up and the job never looks there unless it probes
+B_HIDDEN = np.zeros((2, LENGTH), bool)
+B_HIDDEN[1, 20:] = True
+
+
+@pytest.mark.parametrize("policy", ["greedy", "uniform_progress"])
+def test_only_the_full_view_finds_the_zone_the_job_never_looks_at(policy: str) -> None:
+    # full: spot in b at once, 1 h restart + 4 h work at $1; observed: on-demand, 5 h at $3
+    assert run(B_HIDDEN, policy, "full") == (pytest.approx(5.0), False)
+    assert run(B_HIDDEN, policy, "observed") == (pytest.approx(15.0), False)
+
+
+def test_a_probe_is_billed_and_shows_the_zone() -> None:
+    # greedy, probing every tick for 0.1 h: the first tick it is idle (it only goes
+    # on-demand when it cannot wait), probes b ($0.1), sees it up and launches there:
+    # 1 h restart + 4 h work at $1
+    cost, missed = run(B_HIDDEN, "greedy", "observed", probe_every=1, probe_hours=0.1)
+    assert (cost, missed) == (pytest.approx(5.1), False)
+
+
+def finish(matrix: np.ndarray, job: TraceJob, view: str) -> tuple[float, float]:
+    """Greedy's cost and finish hours for ``job`` started at tick 20 on two zones."""
+    result = simulate_runs(
+        BATCH_POLICIES["greedy"],
+        matrix,
+        np.array([20]),
+        [(Ticks.of(job, 3600.0), job)],
+        ("a", "b"),
+        view=view,
+    )[0]
+    assert not result.missed[0]
+    return float(result.cost[0]), float(result.finish_hours[0])
+
+
+def test_a_refused_launch_costs_the_tick_and_no_money() -> None:
+    # b was up for all the history before the start and goes down at the start; a (home)
+    # never has spot. 4 h of work by 6.5 h, 1 h restart: 2.5 h of slack, safe for spot but
+    # too little to wait. Full view: nothing up, on-demand at 0 h, done at 5 h for $15.
+    # Observed: greedy believes b, launches there and is refused (no instance, no money),
+    # then on-demand at 1 h: done at 6 h, still $15.
+    job = TraceJob(4.0, 6.5, 1.0, 1.0, 3.0, reserved=math.inf)  # no budget net
+    matrix = np.zeros((2, LENGTH), bool)
+    matrix[1, :20] = True
+    assert finish(matrix, job, "full") == (pytest.approx(15.0), pytest.approx(5.0))
+    assert finish(matrix, job, "observed") == (pytest.approx(15.0), pytest.approx(6.0))
+
+
+def test_a_refused_launch_teaches_the_policy_the_zone_is_down() -> None:
+    # b up in the history, down at the start only, up again from 1 h: the full view waits a
+    # tick and takes b (1 h restart + 4 h at $1, done at 6 h); the observed view is refused
+    # at 0 h, believes b down from then on (it never looks again) and ends on on-demand
+    matrix = np.zeros((2, LENGTH), bool)
+    matrix[1, :20] = True
+    matrix[1, 21:] = True
+    assert finish(matrix, JOB, "full") == (pytest.approx(5.0), pytest.approx(6.0))
+    cost, _ = finish(matrix, JOB, "observed")
+    assert cost == pytest.approx(15.0)
+
+
+def test_single_zone_is_as_before_by_hand() -> None:
+    # one zone, spot down for the job's first 2 h then up: greedy waits (6 h of slack less
+    # 2 h restart margin), launches at 2 h: 1 h restart + 4 h work at $1 = $5, both views
+    matrix = np.zeros((1, LENGTH), bool)
+    matrix[0, 22:] = True
+    for view in ("full", "observed"):
+        result = simulate_runs(
+            BATCH_POLICIES["greedy"], matrix, np.array([20]), [(TICKS, JOB)], ("a",), view=view
+        )[0]
+        assert float(result.cost[0]) == pytest.approx(5.0)
+        assert float(result.finish_hours[0]) == pytest.approx(7.0)
