@@ -15,7 +15,6 @@ lookahead (the job stops). Nothing is written for those here.
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,13 +27,10 @@ from sqlmodel import Session, col, select
 
 from broker.core import accrual
 from broker.core.job_status import is_terminal
-from broker.core.money import format_usd
 from broker.db.engine import begin_write, is_postgres
-from broker.db.models import Attempt, Job, LedgerEntry, Team
-from broker.services.billing import minimum_seconds
-from broker.services.ledger import RELEASE, RESERVE, SPEND, SPENT_KINDS, team_budget
-
-log = logging.getLogger(__name__)
+from broker.db.models import Attempt, Job, LedgerEntry
+from broker.services.billing import minimum_seconds, warn_if_alert_crossed
+from broker.services.ledger import RELEASE, RESERVE, SPEND, SPENT_KINDS
 
 RUNNING = "running"
 
@@ -142,7 +138,9 @@ def accrue_many(
     session.flush()
     if rows:
         session.execute(_INSERT, rows)
-    _alerts(session, booked_by_team, max(now for _, now in observed))
+    at = max(now for _, now in observed)
+    for team_id, booked in booked_by_team.items():
+        warn_if_alert_crossed(session, team_id, booked, at)
     session.commit()
     return result
 
@@ -194,21 +192,3 @@ def _common_case(
     if (lease_until - now).total_seconds() < lookahead_seconds:
         return None  # the money does not cover the next check: the job stops
     return bill, lease_until
-
-
-def _alerts(session: Session, booked_by_team: dict[str, int], now: datetime) -> None:
-    """Warn for each team this batch took past its budget alert threshold."""
-    for team_id, booked in booked_by_team.items():
-        team = session.get(Team, team_id)
-        if team is None or not booked:
-            continue
-        figures = team_budget(session, team, now)
-        threshold = figures.alert_at * figures.limit
-        if figures.spent - booked < threshold <= figures.spent:
-            log.warning(
-                "team %s passed its budget alert: %s of %s USD spent",
-                team.name,
-                format_usd(figures.spent),
-                format_usd(figures.limit),
-                extra={"team_id": team.id},
-            )

@@ -125,16 +125,25 @@ def renew_lease(
 
 def warn_on_alert(session: Session, job: Job, booked: int, now: datetime) -> None:
     """Log a warning when this booking takes the team's spend past its alert threshold."""
-    team = session.get(Team, job.team_id)
-    if team is None:
+    warn_if_alert_crossed(session, job.team_id, booked, now, job_id=job.id)
+
+
+def warn_if_alert_crossed(
+    session: Session, team_id: str, booked: int, now: datetime, *, job_id: str | None = None
+) -> None:
+    """Log a warning when ``booked`` (just booked for the team, one job's or a batch's)
+    took the team's spend past its alert threshold."""
+    team = session.get(Team, team_id)
+    if team is None or not booked:
         return
     figures = team_budget(session, team, now)
     threshold = figures.alert_at * figures.limit
     if figures.spent - booked < threshold <= figures.spent:
+        extra = {"team_id": team.id} | ({"job_id": job_id} if job_id else {})
         log.warning(
             "team %s passed its budget alert: %s of %s USD spent",
             team.name,
             format_usd(figures.spent),
             format_usd(figures.limit),
-            extra={"team_id": team.id, "job_id": job.id},
+            extra=extra,
         )

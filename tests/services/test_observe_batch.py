@@ -107,15 +107,7 @@ def test_a_batch_is_described_once_per_region_books_every_attempt_and_ends_only_
 ) -> None:
     providers = _providers(cloud)
     ids = _populate(session, providers, clock.now(), 12)
-    hands = Runner(
-        db_engine,
-        providers,
-        get_planning(),
-        agent_secret="s",
-        api_url="http://127.0.0.1:9",
-        tick_seconds=5.0,
-        agent_silence_seconds=1e9,
-    )
+    hands = _hands(db_engine, providers)
     gone = session.get(Attempt, ids[1])
     assert gone is not None and gone.instance_id
     providers["aws"].terminate(InstanceRef("aws", gone.region, gone.zone, gone.instance_id))
