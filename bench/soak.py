@@ -13,7 +13,8 @@ and GCP, spot or auto) are submitted through the REST API, keeping at most
 - p50 / p99 duration of a tick, of an observe and of an observe batch (the workers'
   /metrics histogram);
 - live attempts per tick (sampled once a second: mean and max);
-- the policy's plans kept (cache hits) and solved (``broker_policy_plans_total``);
+- the policy's plans kept (cache hits), loaded (solved by another process) and solved
+  (``broker_policy_plans_total``);
 - orphans (broker-tagged instances still running after the last job and one reconcile);
 - ledger vs billing: sum over jobs of |booked spend - sum of attempts' billed seconds x
   price| in micro-dollars, and attempts whose billed seconds differ from their run time.
@@ -34,6 +35,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -69,6 +71,23 @@ def histogram_quantile(text: str, metric: str, task: str, q: float) -> float | N
         if count >= q * total:
             return bound
     return buckets[-1][0]
+
+
+def why_missed(job: Any, attempts: list[Any]) -> dict[str, float]:
+    """What a job that missed its deadline went through, in broker hours: its deadline's
+    span, the wait before its first instance ran, its attempts and how they ended."""
+    started = [a.started_at for a in attempts if a.started_at is not None]
+    span = (job.deadline - job.created_at).total_seconds() / 3600
+    first = (min(started) - job.created_at).total_seconds() / 3600 if started else span
+    return {
+        "span_h": span,
+        "first_start_h": first,
+        "attempts": float(len(attempts)),
+        "preempted": float(sum(a.end_reason == "preempted" for a in attempts)),
+        "refused": float(sum(a.end_reason == "capacity" for a in attempts)),
+        "on_demand": float(any(a.market == "on_demand" for a in attempts)),
+        "work_done": job.work_done / job.total_work if job.total_work else 0.0,
+    }
 
 
 def main() -> None:
@@ -188,10 +207,13 @@ def main() -> None:
                 ledger_gap = 0
                 billing_mismatch = 0
                 late = 0
+                missed_jobs: list[dict[str, float]] = []
                 for job in session.exec(select(Job)).all():
                     statuses[job.status] = statuses.get(job.status, 0) + 1
-                    late += deadline_met(job.status, job.completed_at, job.deadline) is False
                     attempts = session.exec(select(Attempt).where(Attempt.job_id == job.id)).all()
+                    if deadline_met(job.status, job.completed_at, job.deadline) is False:
+                        late += 1
+                        missed_jobs.append(why_missed(job, attempts))
                     booked = job_spent(session, job.id)
                     billed = sum(
                         cost_micros(a.price_micros_per_hour, a.billed_seconds) for a in attempts
@@ -226,7 +248,12 @@ def main() -> None:
         "live_attempts_per_tick_mean": round(statistics.fmean(live_samples), 1),
         "live_attempts_per_tick_max": max(live_samples),
         "policy_plans_hit": counter_value(metrics, "broker_policy_plans_total", "hit"),
+        "policy_plans_shared": counter_value(metrics, "broker_policy_plans_total", "shared"),
         "policy_plans_solved": counter_value(metrics, "broker_policy_plans_total", "miss"),
+        "missed_median": {
+            key: round(statistics.median(m[key] for m in missed_jobs), 3)
+            for key in (missed_jobs[0] if missed_jobs else {})
+        },
         "orphans": len(orphans),
         "ledger_vs_billed_micros": ledger_gap,
         "attempts_billed_other_than_run_time": billing_mismatch,
@@ -237,6 +264,8 @@ def main() -> None:
     }
     print(f"jobs finished: {finished} of {submitted} ({refused} refused) in {wall:.0f} s")
     print(f"  statuses: {statuses}; deadline missed (finished late or not at all): {late}")
+    if missed_jobs:
+        print(f"  the missed jobs' medians (broker hours): {figures['missed_median']}")
     print(f"  simulated jobs per wall-clock minute: {figures['jobs_per_wall_minute']}")
     print(f"  tick p50/p99: {figures['tick_p50_s']} / {figures['tick_p99_s']} s (bucket bounds)")
     print(
@@ -247,9 +276,14 @@ def main() -> None:
         f"  live attempts per tick: mean {figures['live_attempts_per_tick_mean']}, "
         f"max {figures['live_attempts_per_tick_max']}"
     )
-    asked = figures["policy_plans_hit"] + figures["policy_plans_solved"]
+    asked = (
+        figures["policy_plans_hit"]
+        + figures["policy_plans_shared"]
+        + figures["policy_plans_solved"]
+    )
     print(
         f"  policy plans: {figures['policy_plans_hit']:.0f} kept, "
+        f"{figures['policy_plans_shared']:.0f} loaded from another process, "
         f"{figures['policy_plans_solved']:.0f} solved "
         f"(hit rate {figures['policy_plans_hit'] / asked if asked else 0:.2f})"
     )

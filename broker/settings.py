@@ -214,6 +214,12 @@ class Settings(BaseSettings):
         description="prometheus_client's per-process files; default: data_dir/metrics.",
     )
 
+    # The policy's solved plans, shared by the processes of one machine (a cache)
+    plan_store_dir: Path | None = Field(
+        default=None,
+        description="Folder of the policy's solved plans (one file each); default: data_dir/plans.",
+    )
+
     # Liveness (GET /healthz)
     heartbeat_seconds: float = Field(
         default=10.0, gt=0, description="Beat's heartbeat and the API's probe interval (wall s)."
@@ -249,6 +255,11 @@ class Settings(BaseSettings):
         """The queue of the tick's observations, apart from launches and terminations, so a
         backlog of launches never holds up watching what runs."""
         return self.celery_queue + ".observe"
+
+    @property
+    def resolved_plan_store_dir(self) -> Path:
+        """The folder of the policy's shared plans, defaulting to ``data_dir/plans``."""
+        return (self.plan_store_dir or self.data_dir / "plans").resolve()
 
     @property
     def resolved_metrics_dir(self) -> Path:

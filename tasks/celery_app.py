@@ -43,17 +43,20 @@ def _forget_process(pid: int | None = None, **_: Any) -> None:
     multiprocess.mark_process_dead(pid or os.getpid(), str(get_settings().resolved_metrics_dir))
 
 
-# The tasks whose start delay measures the control loop: the beat's tick and its fan-out.
+# The tasks whose delay (publish to end) measures the control loop: the beat's tick and its fan-out,
+# and launches (a job that waits in the queue for its launch loses its slack as surely as
+# one observed late).
 PACED_TASKS = {
     "tasks.control_loop.tick": "tick",
     "tasks.control_loop.observe": "observe",
     "tasks.control_loop.observe_batch": "observe",
+    "tasks.control_loop.launch": "launch",
 }
 
 
 @signals.before_task_publish.connect
 def _stamp_published(headers: dict[str, Any] | None = None, **_: Any) -> None:
-    """Every message carries the wall time it was sent (the lag log's start delay)."""
+    """Every message carries the wall time it was sent (the lag log's delay)."""
     if headers is not None:
         headers.setdefault("published_at", time.time())
 
@@ -70,8 +73,10 @@ def _log_lag(task: str, request: Any, expired: bool = False) -> None:
         pass  # a measurement, never a reason to fail the task
 
 
-@signals.task_prerun.connect
-def _task_started(sender: Any = None, **_: Any) -> None:
+@signals.task_postrun.connect
+def _task_done(sender: Any = None, **_: Any) -> None:
+    """A task's lag is from its publish to its end, when its decisions took effect: a batch
+    that starts on time but observes for seconds is as late as one that waited that long."""
     _log_lag(getattr(sender, "name", ""), getattr(sender, "request", None))
 
 

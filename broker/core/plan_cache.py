@@ -4,16 +4,23 @@ A plan (``broker.core.spot_mdp.SpotPlan``) is solved per job shape (its zones' h
 deadline, restart, prices) and asked again on every observation of the job: tens of
 milliseconds to solve, tens of kilobytes to a few megabytes to keep. A count-bounded cache
 smaller than the number of live jobs misses on every observation; this one is bounded by the
-memory its plans hold instead, and counts its hits and misses. Pure: no I/O; safe across the
-threads of one process.
+memory its plans hold instead, and counts its hits and misses. Safe across the threads of
+one process.
+
+Several processes (Celery's pool, several workers, the API) each keep their own plans; a
+``PlanStore`` the caller attaches (``shared``) lets them share solves: a plan one process
+solved is loaded, not solved again, by the next that needs it (``key_digest`` names it the
+same in every process). Pure: the store is the caller's; this module does no I/O.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Protocol
 
 from broker.core.spot_mdp import SpotPlan
 
@@ -28,6 +35,7 @@ class CacheStats:
     misses: int
     plans: int
     bytes: int
+    shared: int = 0  # of the misses, plans another process had solved (loaded, not solved)
 
     @property
     def hit_rate(self) -> float:
@@ -40,12 +48,29 @@ def plan_bytes(plan: SpotPlan) -> int:
     return int(plan.want.nbytes + plan.edges.nbytes)
 
 
+class PlanStore(Protocol):
+    """Plans shared between processes, by ``key_digest``; a store that fails answers None."""
+
+    def load(self, digest: str) -> SpotPlan | None: ...
+
+    def save(self, digest: str, plan: SpotPlan) -> None: ...
+
+
+def key_digest(key: Hashable) -> str:
+    """A plan key's name, the same in every process (``hash`` of a str is not): the digest of
+    its ``repr`` (keys are tuples of numbers, whose repr is exact)."""
+    return hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
+
+
 class PlanCache:
     """Plans by key, least recently used evicted once they hold more than ``max_bytes``
-    (the latest plan is always kept, however large)."""
+    (the latest plan is always kept, however large); on a miss, the ``shared`` store's plan
+    if it has one, else a solve, saved there for the other processes."""
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, shared: PlanStore | None = None) -> None:
         self.max_bytes = max_bytes
+        self.shared = shared
+        self._shared_hits = 0
         self._plans: OrderedDict[Hashable, SpotPlan] = OrderedDict()
         self._bytes = 0
         self._hits = 0
@@ -61,7 +86,8 @@ class PlanCache:
                 self._hits += 1
                 return plan
             self._misses += 1
-        plan = solve()  # outside the lock: a solve takes milliseconds to seconds
+        # outside the lock: a solve takes milliseconds to seconds
+        plan = self._shared_or_solved(key, solve)
         with self._lock:
             if key not in self._plans:
                 self._plans[key] = plan
@@ -71,10 +97,26 @@ class PlanCache:
                 self._bytes -= plan_bytes(dropped)
         return plan
 
+    def _shared_or_solved(self, key: Hashable, solve: Callable[[], SpotPlan]) -> SpotPlan:
+        store = self.shared
+        if store is None:
+            return solve()
+        digest = key_digest(key)
+        plan = store.load(digest)
+        if plan is not None:
+            with self._lock:
+                self._shared_hits += 1
+            return plan
+        plan = solve()
+        store.save(digest, plan)
+        return plan
+
     def stats(self) -> CacheStats:
         """Hits, misses, plans and bytes so far."""
         with self._lock:
-            return CacheStats(self._hits, self._misses, len(self._plans), self._bytes)
+            return CacheStats(
+                self._hits, self._misses, len(self._plans), self._bytes, self._shared_hits
+            )
 
     def clear(self) -> None:
         """Drop every plan (the counts stay)."""

@@ -41,17 +41,25 @@ rule again on numpy arrays for the simulator, and a test holds the two to the sa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from functools import wraps
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
 from broker.core.plan_cache import PlanCache
 from broker.core.spot_chain import chain_state, fit_chain
-from broker.core.spot_mdp import SpotPlan, plan_step_hours, solve_hours
+from broker.core.spot_mdp import (
+    SpotPlan,
+    job_plan,
+    plan_step_hours,
+    plan_steps,
+    price_ratio,
+    shared_steps,
+    solve,
+)
 
 EPS = 1e-9  # hours; float noise on tick multiples, far below one tick
 PRIOR_HOURS = 24.0  # weight of the prior in availability estimates
@@ -129,6 +137,39 @@ class AvailabilityHistory:
         """Estimated length of a spot window (time from getting spot to losing it)."""
         seen = self.zones.get(zone, ZoneHistory())
         return window_estimate(seen.available_hours, seen.windows)
+
+
+def history_of(observations: Iterable[tuple[str, bool, float]]) -> AvailabilityHistory:
+    """The history after ``observe`` of each ``(zone, available, hours)`` in turn, built in
+    one pass (folding thousands of attempts through ``observe`` copies every run so far)."""
+    state: dict[str, list[Any]] = {}
+    for zone, available, hours in observations:
+        seen = state.get(zone)
+        if seen is None:
+            seen = state[zone] = [0.0, 0.0, 0, False, [], [], 0.0]
+        observed, up, windows, last, up_runs, down_runs, age = seen
+        same = available == last
+        if not same and age > 0:
+            (up_runs if last else down_runs).append(age)
+        seen[0] = observed + hours
+        seen[1] = up + (hours if available else 0.0)
+        seen[2] = windows + int(available and not last)
+        seen[3] = available
+        seen[6] = age + hours if same else hours
+    return AvailabilityHistory(
+        {
+            zone: ZoneHistory(
+                observed_hours=o,
+                available_hours=a,
+                windows=w,
+                last_available=last,
+                up_runs=tuple(ups),
+                down_runs=tuple(downs),
+                age_hours=age,
+            )
+            for zone, (o, a, w, last, ups, downs, age) in state.items()
+        }
+    )
 
 
 def availability_estimate(available_hours: _Hours, observed_hours: _Hours) -> _Hours:
@@ -357,25 +398,35 @@ def broker(state: PolicyState) -> Decision:
 
 def plan_for(state: PolicyState) -> SpotPlan:
     """The job's plan on a chain fitted to the windows and outages seen in its zones, with
-    those seen in every zone of the history as the prior."""
+    those seen in every zone of the history as the prior.
+
+    Plans are shared: a job's plan depends on it only through its steps to the deadline,
+    slack and restart in whole steps and the ratio of its spot to its on-demand price (a plan
+    is the cheapest choice in each state, the same for prices scaled alike, and the same for
+    every job at the same steps and slack left: ``spot_mdp.job_plan``). One solve on a
+    slightly larger deadline and slack (``spot_mdp.shared_steps``) serves every job alike."""
     seen = [state.history.zones.get(z, ZoneHistory()) for z in state.zones]
     fleet = state.history.zones.values()
+    step = plan_step_hours(state.tick_hours, state.hours_total)
+    work, deadline, restart = plan_steps(
+        step, state.work_total_hours, state.hours_total, state.restart_hours
+    )
+    shared_deadline, shared_slack = shared_steps(work, deadline)
     key = (
         tuple(sorted(r for h in seen for r in h.up_runs)),
         tuple(sorted(r for h in seen for r in h.down_runs)),
         tuple(sorted(r for h in fleet for r in h.up_runs)),
         tuple(sorted(r for h in fleet for r in h.down_runs)),
-        plan_step_hours(state.tick_hours, state.hours_total),
-        state.work_total_hours,
-        state.hours_total,
-        state.restart_hours,
-        state.spot_price,
-        state.on_demand_price,
+        step,
+        shared_deadline - shared_slack,
+        shared_deadline,
+        restart,
+        price_ratio(state.spot_price, state.on_demand_price),
     )
-    return PLANS.get(key, lambda: _solve(*key))
+    return job_plan(PLANS.get(key, lambda: _solve(*key)), work, deadline)
 
 
-# Every job's plan, kept while memory allows: one per live job is asked on every tick.
+# Every shared plan, kept while memory allows: each live job's is asked on every tick.
 PLANS = PlanCache()
 
 
@@ -385,16 +436,13 @@ def _solve(
     fleet_up_runs: tuple[float, ...],
     fleet_down_runs: tuple[float, ...],
     step: float,
-    work_hours: float,
-    deadline_hours: float,
-    restart_hours: float,
-    spot_price: float,
-    on_demand_price: float,
+    work: int,
+    deadline: int,
+    restart: int,
+    price_ratio: float,
 ) -> SpotPlan:
     chain = fit_chain(up_runs, down_runs, step, fleet=(fleet_up_runs, fleet_down_runs))
-    return solve_hours(
-        [chain], work_hours, deadline_hours, restart_hours, spot_price, on_demand_price
-    )
+    return solve([chain], work, deadline, restart, price_ratio, 1.0)
 
 
 POLICIES: dict[str, Policy] = {

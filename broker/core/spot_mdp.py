@@ -89,16 +89,69 @@ def solve_hours(
     spot_price: float,
     on_demand_price: float,
 ) -> SpotPlan:
-    """``solve`` for a job in hours, rounded to the chains' steps so as never to flatter it.
+    """``solve`` for a job in hours, rounded to the chains' steps so as never to flatter it,
+    with prices as their ``price_ratio``.
 
     Work and restart round up, the deadline down; a job left no slack gets a plan that
     keeps it on on-demand throughout.
     """
-    step = chains[0].step_hours
-    work = max(math.ceil(work_hours / step - 1e-9), 1)
-    deadline = max(math.floor(deadline_hours / step + 1e-9), work)
-    restart = math.ceil(restart_hours / step - 1e-9)
-    return solve(chains, work, deadline, restart, spot_price, on_demand_price)
+    work, deadline, restart = plan_steps(
+        chains[0].step_hours, work_hours, deadline_hours, restart_hours
+    )
+    return solve(chains, work, deadline, restart, price_ratio(spot_price, on_demand_price), 1.0)
+
+
+PRICE_RATIO_DIGITS = 3  # a drift of a tenth of a percent in spot / on-demand re-plans
+
+
+def price_ratio(spot_price: float, on_demand_price: float) -> float:
+    """Spot over on-demand price, rounded: all a plan depends on of the prices (the plan is
+    the cheapest choice in each state, the same for prices scaled alike), so jobs whose
+    prices differ but not their ratio share one plan."""
+    if on_demand_price <= 0:
+        return spot_price
+    return round(spot_price / on_demand_price, PRICE_RATIO_DIGITS)
+
+
+def plan_steps(
+    step_hours: float, work_hours: float, deadline_hours: float, restart_hours: float
+) -> tuple[int, int, int]:
+    """Work, deadline and restart in whole steps, as ``solve_hours`` rounds them: work and
+    restart up, the deadline down (never before the work)."""
+    work = max(math.ceil(work_hours / step_hours - 1e-9), 1)
+    deadline = max(math.floor(deadline_hours / step_hours + 1e-9), work)
+    restart = math.ceil(restart_hours / step_hours - 1e-9)
+    return work, deadline, restart
+
+
+def shared_steps(work: int, deadline: int) -> tuple[int, int]:
+    """The deadline and slack (in steps) of the shared plan that holds a job's plan: each
+    rounded up to a quarter of its leading power of two (at most a quarter more to solve),
+    so jobs of nearby sizes share one solve (``job_plan``)."""
+
+    def up(n: int) -> int:
+        if n <= 4:
+            return n
+        grain = 1 << (n.bit_length() - 3)
+        return -(-n // grain) * grain
+
+    slack = up(deadline - work)
+    return up(max(deadline, slack + 1)), slack
+
+
+def job_plan(shared: SpotPlan, work: int, deadline: int) -> SpotPlan:
+    """A job's plan read off a shared one (``shared_steps``): a view, no copy.
+
+    A plan's choice depends only on the steps left to the deadline and the slack left (what
+    the job can still waste), never on how long the job is: the job's step ``t`` with waste
+    ``w`` is the shared plan's step ``t + (D - deadline)`` with waste ``w + (S - slack)``.
+    """
+    slack = deadline - work
+    if work < 1 or slack < 0 or deadline > shared.deadline or slack > shared.slack:
+        raise ValueError("the shared plan does not hold this job's")
+    t0, w0 = shared.deadline - deadline, shared.slack - slack
+    want = shared.want[t0:, ..., w0 : w0 + slack + 1]
+    return SpotPlan(shared.step_hours, work, deadline, shared.restart, shared.edges, want)
 
 
 def _power(matrix: np.ndarray, n: int) -> np.ndarray:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import numpy as np
 
@@ -135,3 +136,30 @@ def chain_stats(chain: SpotChain) -> SpotStats:
 def spot_stats(seen: ZoneHistory, step_hours: float = RISK_STEP_HOURS) -> SpotStats:
     """Rates of the chain the policy fits on ``seen`` (``zone_chain``)."""
     return chain_stats(zone_chain(seen, step_hours))
+
+
+REFUSED_OUTAGE_HOURS = 0.1  # a capacity refusal, read as a short outage
+
+
+def attempt_sightings(
+    zone: str,
+    end_reason: str | None,
+    started_at: datetime | None,
+    ended_at: datetime | None,
+    now: datetime,
+    nodes: int = 1,
+) -> tuple[tuple[str, bool, float], ...]:
+    """What one spot attempt saw of its zone, as ``(zone, available, hours)`` observations:
+    a capacity refusal is a short outage; a running time (to ``now`` while it runs) an
+    available window of ``nodes`` x its hours, which a preemption ends; an attempt that never
+    started, nothing. ``nodes``: a gang's N nodes each ran that long and any one's preemption
+    ended it, N node-windows of exposure, as the planner's N x rate assumes (1 for the age of
+    a zone's current window)."""
+    if end_reason == "capacity":
+        return ((zone, False, REFUSED_OUTAGE_HOURS),)
+    if started_at is None:
+        return ()
+    hours = max(((ended_at or now) - started_at).total_seconds() / 3600 * max(nodes, 1), 0.0)
+    if end_reason == "preempted":
+        return ((zone, True, hours), (zone, False, 0.0))
+    return ((zone, True, hours),)

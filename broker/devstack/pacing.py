@@ -1,8 +1,8 @@
-"""Faithful time on a busy machine: the workers log how late control-loop tasks start, and
+"""Faithful time on a busy machine: the workers log how late control-loop tasks end, and
 the embedded stack lowers its clock's scale when that lateness, in broker time, stays too
 long (a late observation is a decision taken on stale facts).
 
-The lag log is append-only text, one ``<wall start> <wall delay> <task>`` line per task start;
+The lag log is append-only text, one ``<wall end> <wall delay> <task>`` line per task done;
 only the stack's supervisor reads it (and empties it now and then).
 """
 
@@ -24,7 +24,7 @@ LAG_LOG_KEEP_BYTES = 256 * 1024  # the reader empties the log once it has read t
 
 
 def record_lag(path: Path, task: str, delay: float, wall: float | None = None) -> None:
-    """Append one task's start delay (wall seconds from publish to start) to the lag log."""
+    """Append one task's delay (wall seconds from publish to its end) to the lag log."""
     line = f"{time.time() if wall is None else wall:.3f} {max(delay, 0.0):.3f} {task}\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:

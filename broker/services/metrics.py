@@ -43,7 +43,8 @@ TICK_SECONDS = Histogram(
 )
 POLICY_PLANS = Counter(
     "broker_policy_plans_total",
-    "Spot plans the policy asked for, by result: hit (kept from an earlier ask) or miss (solved).",
+    "Spot plans the policy asked for, by result: hit (kept from an earlier ask), shared (solved"
+    " by another process, loaded from the plan store) or miss (solved).",
     ["result"],
 )
 PROVIDER_ERRORS = Counter(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
 from sqlalchemy import func
@@ -24,7 +25,7 @@ from sqlmodel import Session, col, select
 
 from broker.core import spot_model as core
 from broker.core.offers import OfferTable
-from broker.core.policy import HISTORY_DAYS, AvailabilityHistory, ZoneHistory
+from broker.core.policy import HISTORY_DAYS, AvailabilityHistory, ZoneHistory, history_of
 from broker.db.engine import begin_write
 from broker.db.models import Attempt, SpotModelRow
 from pricing.spot_prior import (
@@ -40,43 +41,47 @@ from pricing.spot_prior import (
 
 log = logging.getLogger(__name__)
 
-REFUSED_OUTAGE_HOURS = 0.1  # a capacity refusal, as ``steering.spot_history`` reads it
+REFUSED_OUTAGE_HOURS = core.REFUSED_OUTAGE_HOURS
+
+
+def spot_attempts(session: Session, now: datetime, days: float = HISTORY_DAYS) -> list[Any]:
+    """The spot attempts created in the last ``days``, oldest first, as rows of the columns
+    their sightings need (``core.attempt_sightings``): provider, zone, instance_type, gpu,
+    end_reason, started_at, ended_at, nodes. Plain rows: the fleet's view reads thousands."""
+    return list(
+        session.exec(
+            select(
+                Attempt.provider,
+                Attempt.zone,
+                Attempt.instance_type,
+                Attempt.gpu,
+                Attempt.end_reason,
+                Attempt.started_at,
+                Attempt.ended_at,
+                Attempt.nodes,
+            )
+            .where(Attempt.market == "spot", col(Attempt.created_at) >= now - timedelta(days=days))
+            .order_by(col(Attempt.created_at), col(Attempt.id))
+        ).all()
+    )
 
 
 def observed(
     session: Session, now: datetime, days: float = HISTORY_DAYS
 ) -> dict[Key, tuple[ZoneHistory, int]]:
     """What the spot attempts of the last ``days`` saw, per key, and how many were read."""
-    attempts = session.exec(
-        select(Attempt)
-        .where(Attempt.market == "spot", col(Attempt.created_at) >= now - timedelta(days=days))
-        .order_by(col(Attempt.created_at), col(Attempt.id))
-    ).all()
-    seen: dict[Key, AvailabilityHistory] = {}
+    sightings: dict[Key, list[tuple[str, bool, float]]] = {}
     counts: dict[Key, int] = {}
-    for attempt in attempts:
-        zone = attempt.zone
-        key = (
-            attempt.provider,
-            zone,
-            core.family(attempt.provider, attempt.instance_type, attempt.gpu),
-        )
-        history = seen.get(key, AvailabilityHistory())
-        if attempt.end_reason == "capacity":
-            history = history.observe(zone, False, REFUSED_OUTAGE_HOURS)
-        elif attempt.started_at is not None:
-            hours = ((attempt.ended_at or now) - attempt.started_at).total_seconds() / 3600
-            # A gang's N nodes each ran that long and any one's preemption ended it: N node
-            # windows of exposure per preemption, as the planner's N x rate assumes.
-            hours *= max(attempt.nodes, 1)
-            history = history.observe(zone, True, max(hours, 0.0))
-            if attempt.end_reason == "preempted":
-                history = history.observe(zone, False, 0.0)
-        else:
+    for provider, zone, instance_type, gpu, end_reason, started, ended, nodes in spot_attempts(
+        session, now, days
+    ):
+        seen = core.attempt_sightings(zone, end_reason, started, ended, now, nodes)
+        if not seen:
             continue
-        seen[key] = history
+        key = (provider, zone, core.family(provider, instance_type, gpu))
+        sightings.setdefault(key, []).extend(seen)
         counts[key] = counts.get(key, 0) + 1
-    return {key: (history.zones[key[1]], counts[key]) for key, history in seen.items()}
+    return {key: (history_of(seen).zones[key[1]], counts[key]) for key, seen in sightings.items()}
 
 
 def _offer_keys(offers: OfferTable) -> list[Key]:

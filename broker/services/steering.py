@@ -19,7 +19,7 @@ from sqlmodel import Session, col, select
 
 from broker.core import policy
 from broker.core.money import MICROS_PER_DOLLAR
-from broker.core.spot_model import family
+from broker.core.spot_model import attempt_sightings, family
 from broker.db.models import Attempt, Job
 from broker.services import spot_model
 from broker.services.ledger import job_reserved, job_spent
@@ -52,10 +52,14 @@ def _decide(state: policy.PolicyState) -> policy.Decision:
     before = policy.PLANS.stats()
     decision = policy.decide(state)
     after = policy.PLANS.stats()
-    if after.hits > before.hits:
-        POLICY_PLANS.labels("hit").inc(after.hits - before.hits)
-    if after.misses > before.misses:
-        POLICY_PLANS.labels("miss").inc(after.misses - before.misses)
+    shared = after.shared - before.shared
+    for result, count in (
+        ("hit", after.hits - before.hits),
+        ("shared", shared),
+        ("miss", after.misses - before.misses - shared),
+    ):
+        if count > 0:
+            POLICY_PLANS.labels(result).inc(count)
     return decision
 
 
@@ -304,25 +308,13 @@ def refused_zones(session: Session, now: datetime, job_id: str | None = None) ->
 def spot_history(
     session: Session, now: datetime, days: float = policy.HISTORY_DAYS
 ) -> policy.AvailabilityHistory:
-    """Spot availability per zone as the broker's own attempts saw it over the last days.
-
-    A spot attempt's running time counts as available; one preemption ends a window; a
-    capacity refusal counts as a short unavailable observation.
-    """
-    since = now - timedelta(days=days)
-    attempts = session.exec(
-        select(Attempt)
-        .where(Attempt.market == "spot", col(Attempt.created_at) >= since)
-        .order_by(col(Attempt.created_at))
-    ).all()
-    history = policy.AvailabilityHistory()
-    for attempt in attempts:
-        if attempt.end_reason == "capacity":
-            history = history.observe(attempt.zone, False, 0.1)
-        elif attempt.started_at is not None:
-            end = attempt.ended_at or now
-            hours = max((end - attempt.started_at).total_seconds() / 3600, 0.0)
-            history = history.observe(attempt.zone, True, hours)
-            if attempt.end_reason == "preempted":
-                history = history.observe(attempt.zone, False, 0.0)
-    return history
+    """Spot availability per zone as the broker's own attempts saw it over the last days
+    (``spot_model.spot_attempts``, read as ``attempt_sightings`` reads them, in hours, not a
+    gang's node-hours: the policy reads a zone's current window's age off it)."""
+    return policy.history_of(
+        sighting
+        for _, zone, _, _, end_reason, started, ended, _ in spot_model.spot_attempts(
+            session, now, days
+        )
+        for sighting in attempt_sightings(zone, end_reason, started, ended, now)
+    )

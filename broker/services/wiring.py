@@ -5,8 +5,10 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from broker.core import policy
 from broker.db.engine import get_engine
 from broker.private_files import AGENT_SECRET_FILE, kept_secret
+from broker.services.plan_store import share_plans
 from broker.services.quoting import get_planning
 from broker.services.runner import Runner
 from broker.services.spend_control import SpendControls
@@ -24,8 +26,10 @@ def agent_secret(settings: Settings) -> str:
 
 @lru_cache
 def get_runner() -> Runner:
-    """The process-wide runner."""
+    """The process-wide runner; its policy's plans are shared with the machine's other
+    processes (``plan_store``)."""
     settings = get_settings()
+    share_plans(policy.PLANS, settings.resolved_plan_store_dir)
     return Runner(
         get_engine(),
         build_providers(settings),

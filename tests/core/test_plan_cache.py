@@ -51,3 +51,45 @@ def test_a_plan_larger_than_the_budget_is_still_kept_alone():
     first = cache.get("a", _solver(2.0, solved))
     assert cache.get("a", _solver(2.0, solved)) is first
     assert solved == [2.0] and cache.stats().plans == 1
+
+
+def test_jobs_alike_share_one_solve():
+    """A job's plan depends on its deadline, slack and restart in whole steps (each within a
+    shared plan's rounding) and on its spot / on-demand price ratio: jobs that differ only
+    within those, or in the scale of their prices, reuse one solve; another ratio, or a
+    deadline beyond the shared plan's, solves anew."""
+    from broker.core.policy import PLANS, AvailabilityHistory, PolicyState, plan_for
+
+    history = AvailabilityHistory()
+    for window, outage in zip(UP, DOWN, strict=False):
+        history = history.observe("z", True, window).observe("z", False, outage)
+
+    def state(work: float, spot: float, on_demand: float, hours: float = 12.0) -> PolicyState:
+        return PolicyState(
+            hours_to_deadline=hours,
+            hours_total=hours,
+            work_left_hours=work,
+            work_total_hours=work,
+            restart_hours=0.2,
+            tick_hours=1 / 3,
+            zones=("z",),
+            spot_obtainable=(True,),
+            spot_price=spot,
+            on_demand_price=on_demand,
+            history=history,
+        )
+
+    def solves(*states: PolicyState) -> int:
+        before = PLANS.stats().misses
+        for one in states:
+            plan_for(one)
+        return PLANS.stats().misses - before
+
+    PLANS.clear()
+    assert solves(state(4.01, 0.9, 3.0)) == 1
+    # same steps with prices x2; more work (less slack, same shared plan); a shorter deadline
+    assert solves(state(4.2, 1.8, 6.0), state(5.0, 0.9, 3.0), state(4.0, 0.9, 3.0, 11.0)) == 0
+    plan = plan_for(state(5.0, 0.9, 3.0))
+    assert (plan.work, plan.deadline) == (15, 36)  # the job's own steps, read off the shared
+    assert solves(state(4.01, 1.2, 3.0)) == 1  # another price ratio
+    assert solves(state(4.01, 0.9, 3.0, 20.0)) == 1  # a deadline beyond the shared plan's

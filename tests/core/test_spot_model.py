@@ -3,15 +3,18 @@ off the very chain the policy plans on."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import numpy as np
 import pytest
 
 from broker.core.offers import Offer, OfferTable
-from broker.core.policy import AvailabilityHistory, PolicyState, plan_for
+from broker.core.policy import AvailabilityHistory, PolicyState, history_of, plan_for
 from broker.core.spot_chain import fit_chain
 from broker.core.spot_mdp import plan_step_hours, solve_hours
 from broker.core.spot_model import (
     RISK_STEP_HOURS,
+    attempt_sightings,
     chain_stats,
     combine,
     families,
@@ -73,6 +76,35 @@ def test_zone_history_totals_are_those_observe_builds() -> None:
         seen = seen.observe("z", available, hours)
     built = seen.zones["z"]
     assert zone_history(built.up_runs, built.down_runs, True, 0.7) == built
+
+
+def test_history_of_builds_what_observe_builds_one_by_one() -> None:
+    rng = np.random.default_rng(3)
+    seen = [
+        (
+            str(rng.choice(["a", "b", "c"])),
+            bool(rng.random() < 0.6),
+            float(rng.choice([0.0, 0.1, 1.5])),
+        )
+        for _ in range(400)
+    ]
+    one_by_one = AvailabilityHistory()
+    for zone, available, hours in seen:
+        one_by_one = one_by_one.observe(zone, available, hours)
+    assert history_of(seen) == one_by_one
+    assert history_of([]) == AvailabilityHistory()
+
+
+def test_an_attempt_is_seen_as_a_window_a_preemption_ends_or_a_refusal() -> None:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    end = start + timedelta(hours=2)
+    assert attempt_sightings("z", "capacity", None, None, end) == (("z", False, 0.1),)
+    assert attempt_sightings("z", None, None, None, end) == ()
+    assert attempt_sightings("z", None, start, None, end) == (("z", True, 2.0),)
+    assert attempt_sightings("z", "preempted", start, end, end, nodes=3) == (
+        ("z", True, 6.0),
+        ("z", False, 0.0),
+    )
 
 
 def test_combine_puts_observations_after_the_prior_and_keeps_the_newest() -> None:

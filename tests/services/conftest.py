@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -24,9 +25,12 @@ def session(db_engine: Engine) -> Iterator[Session]:
 
 @pytest.fixture
 def submit(session: Session, clock: Any) -> Callable[..., Job]:
-    """Admit a job (``job_spec(**overrides)``) for a new team with ``budget`` micro-dollars."""
+    """Admit a job (``job_spec(**overrides)``) for a new team with ``budget`` micro-dollars;
+    its deadline, unless given, 48 h after the clock's now (``job_spec``'s own at START; a test
+    that sets the clock to the wall's time, as moto's launch times need, keeps that margin)."""
 
     def _submit(budget: int = 1_000_000_000, **overrides: Any) -> Job:
+        overrides.setdefault("deadline", (clock.now() + timedelta(hours=48)).isoformat())
         team = create_team(session, f"t{budget}", budget, "month", 0.8, clock.now())
         spec = JobSpec.model_validate(job_spec(**overrides))
         job, _ = admission.submit(session, team.id, spec, clock.now())
