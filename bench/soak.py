@@ -33,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -208,12 +209,14 @@ def main() -> None:
                 billing_mismatch = 0
                 late = 0
                 missed_jobs: list[dict[str, float]] = []
+                missed_ends: Counter[str] = Counter()
                 for job in session.exec(select(Job)).all():
                     statuses[job.status] = statuses.get(job.status, 0) + 1
                     attempts = session.exec(select(Attempt).where(Attempt.job_id == job.id)).all()
                     if deadline_met(job.status, job.completed_at, job.deadline) is False:
                         late += 1
                         missed_jobs.append(why_missed(job, attempts))
+                        missed_ends.update(a.end_reason or a.status for a in attempts)
                     booked = job_spent(session, job.id)
                     billed = sum(
                         cost_micros(a.price_micros_per_hour, a.billed_seconds) for a in attempts
@@ -254,6 +257,7 @@ def main() -> None:
             key: round(statistics.median(m[key] for m in missed_jobs), 3)
             for key in (missed_jobs[0] if missed_jobs else {})
         },
+        "missed_attempt_ends": dict(missed_ends.most_common()),
         "orphans": len(orphans),
         "ledger_vs_billed_micros": ledger_gap,
         "attempts_billed_other_than_run_time": billing_mismatch,
@@ -266,6 +270,7 @@ def main() -> None:
     print(f"  statuses: {statuses}; deadline missed (finished late or not at all): {late}")
     if missed_jobs:
         print(f"  the missed jobs' medians (broker hours): {figures['missed_median']}")
+        print(f"  how their attempts ended: {figures['missed_attempt_ends']}")
     print(f"  simulated jobs per wall-clock minute: {figures['jobs_per_wall_minute']}")
     print(f"  tick p50/p99: {figures['tick_p50_s']} / {figures['tick_p99_s']} s (bucket bounds)")
     print(
