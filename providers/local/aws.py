@@ -59,6 +59,12 @@ def zone_names(regions: Iterable[str]) -> list[str]:
     ]
 
 
+# Moto's EC2 state is plain dicts: requests (served on threads) and the market's thread that
+# forgets old instances take turns on it.
+EC2_STATE = threading.RLock()
+FORGET_AFTER = timedelta(hours=1)  # EC2 lists a terminated instance for about an hour
+
+
 def _ec2_instances() -> Iterator[tuple[str, Any, Instance]]:
     for account in list(ec2_backends.keys()):
         for backend in list(ec2_backends[account].values()):
@@ -145,8 +151,10 @@ class CloudBehaviour:
                 return answer(start_response, status, code, f"injected fault: {fault}")
         if service == "pricing":
             return self.prices.get_products(environ, start_response)
-        if service != "ec2" or environ.get("REQUEST_METHOD") != "POST":
+        if service != "ec2":
             return self.app(environ, start_response)
+        if environ.get("REQUEST_METHOD") != "POST":
+            return [_moto(self.app, environ, start_response)[1]]
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length) if length else b""
         environ["wsgi.input"] = io.BytesIO(body)
@@ -159,7 +167,7 @@ class CloudBehaviour:
         if placement is not None:
             return placement
         if params.get("Action") != "RunInstances":
-            return self.app(environ, start_response)
+            return [_moto(self.app, environ, start_response)[1]]
         with self._launch_lock:  # one RunInstances at a time keeps the token check exact
             token = params.get("ClientToken")
             existing = self._find_by_token(token) if token else None
@@ -178,7 +186,7 @@ class CloudBehaviour:
                     "InsufficientInstanceCapacity",
                     refusal,
                 )
-            status, body = _call(self.app, environ, start_response)
+            status, body = _moto(self.app, environ, start_response)
         if status.startswith("200"):
             self._start_instances(_INSTANCE_ID.findall(body.decode("utf-8", "replace")), params)
         return [body]
@@ -210,7 +218,7 @@ class CloudBehaviour:
             for _, _, i in _ec2_instances()
             if i.id in ids and i.state == "terminated"
         ]
-        status, body = _call(self.app, environ, start_response)
+        status, body = _moto(self.app, environ, start_response)
         for instance, reason, transition in ended:
             instance.state_reason, instance._reason = reason, transition
         if status.startswith("200") and self.instances is not None:
@@ -267,6 +275,12 @@ def _call(app: Any, environ: dict[str, Any], start_response: StartResponse) -> t
         if hasattr(answer, "close"):
             answer.close()
     return (statuses[-1] if statuses else "500 Internal Server Error"), body
+
+
+def _moto(app: Any, environ: dict[str, Any], start_response: StartResponse) -> tuple[str, bytes]:
+    """An EC2 request answered whole by moto, its state held (``EC2_STATE``) meanwhile."""
+    with EC2_STATE:
+        return _call(app, environ, start_response)
 
 
 def _iso(moment: Any) -> str:
@@ -333,7 +347,8 @@ class SpotReclaimer:
                     )
                 if (now - noticed).total_seconds() < self.notice_seconds:
                     continue
-                _interrupt(instance, now)
+                with EC2_STATE:
+                    _interrupt(instance, now)
                 reclaimed.append(instance.id)
                 logger.info("spot interruption", extra={"instance_id": instance.id, "zone": zone})
             for gone in set(self._noticed) - live:
@@ -341,6 +356,38 @@ class SpotReclaimer:
         if reclaimed and self.instances is not None:
             self.instances.kill_many(reclaimed)
         return len(reclaimed)
+
+
+class TerminatedReaper:
+    """EC2 forgets a terminated instance about an hour after it ended (DescribeInstances no
+    longer lists it); moto keeps every one, and its tag filters read every tag of every
+    resource for each instance, so a long run's DescribeInstances grows with the square of
+    the instances ever launched. This forgets a reservation, with its instances' tags, once
+    all its instances have been terminated for ``after`` (market time, as EC2 does)."""
+
+    def __init__(self, after: timedelta = FORGET_AFTER) -> None:
+        self.after = after
+        self._ended: dict[str, datetime] = {}  # reservation id -> when first seen all ended
+
+    def __call__(self, market: MarketReplay) -> int:
+        now = market.now()
+        forgotten = 0
+        with EC2_STATE:
+            for account in list(ec2_backends.keys()):
+                for backend in list(ec2_backends[account].values()):
+                    for reservation_id, reservation in list(backend.reservations.items()):
+                        if any(i.state != "terminated" for i in reservation.instances):
+                            self._ended.pop(reservation_id, None)
+                            continue
+                        ended = self._ended.setdefault(reservation_id, now)
+                        if now - ended < self.after:
+                            continue
+                        for instance in reservation.instances:
+                            backend.tags.pop(instance.id, None)
+                        del backend.reservations[reservation_id]
+                        del self._ended[reservation_id]
+                        forgotten += 1
+        return forgotten
 
 
 def _interrupt(instance: Instance, now: datetime) -> None:
@@ -374,6 +421,7 @@ class LocalAws:
         self.faults = faults
         self.instances = instances
         self.reclaimer = SpotReclaimer(instances, spot_notice_seconds)
+        self.reaper = TerminatedReaper()
         self.capacity: dict[tuple[str, str], int] = {}
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -404,6 +452,7 @@ class LocalAws:
         self._thread.start()
         if self.market is not None:
             self.market.attach(self.reclaimer)
+            self.market.attach(self.reaper)
         logger.info("local AWS listening", extra={"endpoint_url": self.endpoint_url})
         return self
 

@@ -271,3 +271,44 @@ def test_the_local_zone_refuses_launches_past_its_capacity(
     finally:
         local_cloud.aws.set_capacity("us-east-1b", "g4dn.xlarge", None)
         aws.terminate(first)
+
+
+def test_a_terminated_instance_is_forgotten_an_hour_later_as_ec2_does(
+    ec2: Any, local_cloud: LocalCloud, market_clock: Any
+) -> None:
+    """EC2 lists a terminated instance for about an hour; the local cloud forgets it (and its
+    tags) an hour of market time after it ended, so long runs' DescribeInstances stay cheap."""
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+
+    def launch() -> str:
+        reply = ec2.run_instances(
+            ImageId=image,
+            MinCount=1,
+            MaxCount=1,
+            InstanceType="t3.micro",
+            TagSpecifications=[
+                {"ResourceType": "instance", "Tags": [{"Key": "reaper-test", "Value": "1"}]}
+            ],
+        )
+        return str(reply["Instances"][0]["InstanceId"])
+
+    def listed() -> set[str]:
+        pages = ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "tag-key", "Values": ["reaper-test"]}]
+        )
+        return {i["InstanceId"] for p in pages for r in p["Reservations"] for i in r["Instances"]}
+
+    ended, running = launch(), launch()
+    ec2.terminate_instances(InstanceIds=[ended])
+    local_cloud.market.step()  # the reaper first sees it terminated
+    market_clock.advance(50 * 60)
+    local_cloud.market.step()
+    assert listed() == {ended, running}  # still listed within the hour
+    market_clock.advance(15 * 60)
+    local_cloud.market.step()
+    assert listed() == {running}
+    assert (
+        ec2.describe_instances(Filters=[{"Name": "instance-id", "Values": [ended]}])["Reservations"]
+        == []
+    )
+    ec2.terminate_instances(InstanceIds=[running])
