@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import re
 import secrets
 import statistics
 import sys
@@ -210,9 +211,16 @@ def main() -> None:
                 late = 0
                 missed_jobs: list[dict[str, float]] = []
                 missed_ends: Counter[str] = Counter()
+                failed_why: Counter[str] = Counter()
                 for job in session.exec(select(Job)).all():
                     statuses[job.status] = statuses.get(job.status, 0) + 1
                     attempts = session.exec(select(Attempt).where(Attempt.job_id == job.id)).all()
+                    if job.status == "failed":
+                        failed_why[
+                            re.sub(
+                                r"\b(att|job)_[0-9a-f]+|i-[0-9a-f]+", "…", job.status_reason or ""
+                            )[:120]
+                        ] += 1
                     if deadline_met(job.status, job.completed_at, job.deadline) is False:
                         late += 1
                         missed_jobs.append(why_missed(job, attempts))
@@ -258,6 +266,7 @@ def main() -> None:
             for key in (missed_jobs[0] if missed_jobs else {})
         },
         "missed_attempt_ends": dict(missed_ends.most_common()),
+        "failed_reasons": dict(failed_why.most_common(5)),
         "orphans": len(orphans),
         "ledger_vs_billed_micros": ledger_gap,
         "attempts_billed_other_than_run_time": billing_mismatch,
@@ -271,6 +280,8 @@ def main() -> None:
     if missed_jobs:
         print(f"  the missed jobs' medians (broker hours): {figures['missed_median']}")
         print(f"  how their attempts ended: {figures['missed_attempt_ends']}")
+    if failed_why:
+        print(f"  why jobs failed: {figures['failed_reasons']}")
     print(f"  simulated jobs per wall-clock minute: {figures['jobs_per_wall_minute']}")
     print(f"  tick p50/p99: {figures['tick_p50_s']} / {figures['tick_p99_s']} s (bucket bounds)")
     print(
