@@ -16,7 +16,9 @@ spends against a real cloud. Prints a table, then one JSON line.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import tempfile
 import time
@@ -99,22 +101,29 @@ def _one_size(args: argparse.Namespace, count: int, folder: Path) -> dict[str, A
 
             cloud.faults.decide = counted  # type: ignore[method-assign]
             walls, cpus, brokers, calls = [], [], [], []
+            profiler = cProfile.Profile() if args.profile else None
             try:
                 for _ in range(args.ticks):
                     manual.advance(TICK_SECONDS * 60)  # a tick at x60
                     served[0] = 0
                     wall, cpu = time.perf_counter(), time.process_time()
                     mine = time.thread_time()
+                    if profiler is not None:
+                        profiler.enable()
                     runner.sweep_leases()
                     due = runner.due()
                     for start in range(0, len(due.observe), args.batch):
                         runner.observe_many(due.observe[start : start + args.batch])
+                    if profiler is not None:
+                        profiler.disable()
                     walls.append(time.perf_counter() - wall)
                     cpus.append(time.process_time() - cpu)
                     brokers.append(time.thread_time() - mine)
                     calls.append(served[0])
             finally:
                 cloud.faults.decide = decide  # type: ignore[method-assign]
+            if profiler is not None:
+                pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
     finally:
         engine.dispose()
         drop()
@@ -136,6 +145,9 @@ def main() -> None:
     parser.add_argument("--attempts", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--ticks", type=int, default=3)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument(
+        "--profile", action="store_true", help="print where the tick's own thread spends its time"
+    )
     parser.add_argument(
         "--database-url",
         default=None,

@@ -13,6 +13,8 @@ rule again on numpy arrays for the simulator, and a test holds the two to the sa
 - ``restart_hours``: the restart overhead of any start or switch (launch, setup, restore).
 - ``restart_left_hours``: overhead the current instance still has to pay before it makes
   progress (0 once it reports progress, or when nothing runs).
+- ``unsaved_hours``: work done since the latest checkpoint, that leaving the instance loses
+  (0 in the simulator, whose jobs keep all their progress).
 - ``tick_hours``: time until the broker asks again (its monitoring interval).
 - ``instance``: what runs now (``Instance.NONE`` after a preemption), ``zone``: where the spot
   instance runs (None otherwise).
@@ -65,6 +67,7 @@ EPS = 1e-9  # hours; float noise on tick multiples, far below one tick
 PRIOR_HOURS = 24.0  # weight of the prior in availability estimates
 PRIOR_AVAILABILITY = 0.5
 PRIOR_WINDOW_HOURS = 2.0
+SWITCH_MARGIN = 1.5  # leaving on-demand for spot must pay this many times what the move costs
 HISTORY_DAYS = 30.0  # the spot availability history the broker keeps (and plans on)
 
 _Hours = TypeVar("_Hours", float, np.ndarray)  # the estimates take floats or arrays alike
@@ -195,6 +198,7 @@ class PolicyState:
     instance: Instance = Instance.NONE
     zone: str | None = None
     restart_left_hours: float = 0.0
+    unsaved_hours: float = 0.0
     zones: tuple[str, ...] = ()
     spot_obtainable: tuple[bool, ...] = ()
     spot_price: float = 1.0
@@ -242,6 +246,12 @@ def _cannot_wait(state: PolicyState) -> bool:
 def _last_moment(state: PolicyState) -> bool:
     """After one more tick without progress, an on-demand start could no longer finish."""
     return state.slack_hours - state.tick_hours < state.restart_hours - EPS
+
+
+def _last_call(state: PolicyState) -> bool:
+    """The last tick an on-demand start can still finish: a spot instance kept past it could
+    not be made up for if it were preempted."""
+    return _last_moment(state) and state.slack_hours >= state.restart_hours - EPS
 
 
 def budget_net(state: PolicyState, decision: Decision) -> Decision:
@@ -329,6 +339,27 @@ def _best_spot_zone(state: PolicyState) -> str | None:
     return best
 
 
+def spot_pays(
+    spot_price: float | np.ndarray,
+    on_demand_price: float | np.ndarray,
+    window_hours: float | np.ndarray,
+    work_left_hours: float | np.ndarray,
+    restart_hours: float | np.ndarray,
+    unsaved_hours: float | np.ndarray,
+) -> np.ndarray:
+    """Whether leaving on-demand for spot pays (works on arrays too): over the spot window
+    it can expect (``window_hours``, the zone's mean, no more than the work left), the
+    saving must cover ``SWITCH_MARGIN`` times what the move costs: the restart on spot, the
+    work since the checkpoint done again, and the restart after the window ends. The margin
+    is the hysteresis that keeps a job from switching back and forth on a zone whose spot
+    comes and goes (each switch pays a restart)."""
+    working = np.minimum(window_hours, work_left_hours) - restart_hours - unsaved_hours
+    saving = (on_demand_price - spot_price) * np.maximum(working, 0.0)
+    after = np.where(window_hours < work_left_hours, on_demand_price * restart_hours, 0.0)
+    cost = spot_price * (restart_hours + unsaved_hours) + after
+    return np.asarray(saving >= SWITCH_MARGIN * cost)
+
+
 def spot_now(obtainable: np.ndarray, age_hours: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Spot in any of the zones (Z, ...): obtainable or not, and for how long so far.
 
@@ -352,9 +383,13 @@ def broker(state: PolicyState) -> Decision:
     keeps every state able to finish on on-demand. A last net stays on top (the plan's
     steps round the job's times, and live ticks are uneven): a job whose waste is past the
     plan's slack, or that one more idle tick would leave no time for an on-demand start,
-    neither drops its instance nor stays idle. (The Safety Net Rule's margin of two
-    restarts, which greedy and Uniform Progress need, only costs a plan that already
-    weighs the risk of losing spot: measured in ``bench/policies.py``.) The budget net
+    neither drops its instance nor stays idle, and a spot instance moves to on-demand at the
+    last tick an on-demand start can still finish (live, a job's slack shrinks on spot when
+    its GPU is slower than predicted or work since its checkpoint would be lost). Leaving
+    on-demand for spot must pay for itself with a margin (``spot_pays``): no ping-pong.
+    (The Safety Net Rule's margin of two restarts, which greedy and Uniform Progress need,
+    only costs a plan that already weighs the risk of losing spot: measured in
+    ``bench/policies.py``.) The budget net
     (``budget_net``), as on greedy and Uniform Progress, keeps spend within the reservation.
     """
     if state.work_left_hours <= EPS:
@@ -382,18 +417,32 @@ def broker(state: PolicyState) -> Decision:
     spot_ok = zone is not None and _spot_is_safe(state)
     must = want < 0 or _last_moment(state)
     if state.instance is Instance.SPOT:
-        if want == Instance.ON_DEMAND:
+        if want == Instance.ON_DEMAND or _last_call(state):
             return ON_DEMAND
         return WAIT if want == Instance.NONE and not must else CONTINUE
     if state.instance is Instance.ON_DEMAND:
         if must:
             return CONTINUE
-        if want == Instance.SPOT and spot_ok:
+        if want == Instance.SPOT and spot_ok and _move_pays(state, zone):
             return Decision(Action.SPOT, zone)
         return WAIT if want == Instance.NONE else CONTINUE
     if want == Instance.SPOT and spot_ok:
         return Decision(Action.SPOT, zone)
     return ON_DEMAND if must or want == Instance.ON_DEMAND else CONTINUE
+
+
+def _move_pays(state: PolicyState, zone: str | None) -> bool:
+    """``spot_pays`` for leaving on-demand for spot in ``zone``."""
+    return bool(
+        spot_pays(
+            state.spot_price,
+            state.on_demand_price,
+            state.history.mean_window_hours(zone or ""),
+            state.work_left_hours,
+            state.restart_hours,
+            state.unsaved_hours,
+        )
+    )
 
 
 def plan_for(state: PolicyState) -> SpotPlan:

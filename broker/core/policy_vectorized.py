@@ -22,6 +22,7 @@ from broker.core.policy import (
     PolicyState,
     ZoneHistory,
     spot_now,
+    spot_pays,
     window_estimate,
 )
 from broker.core.spot_chain import chain_state
@@ -57,6 +58,7 @@ class BatchState:
     # spend so far and the whole reservation (B,), in the prices' unit; None: no budget net
     spent: np.ndarray | None = None
     reserved: np.ndarray | None = None
+    unsaved_hours: np.ndarray | None = None  # (B,) work since the checkpoint; None: 0
 
     @property
     def slack_hours(self) -> np.ndarray:
@@ -87,6 +89,7 @@ class BatchState:
             instance=Instance(int(self.instance[b])),
             zone=self.zones[zone] if zone >= 0 else None,
             restart_left_hours=float(self.restart_left_hours[b]),
+            unsaved_hours=float(self.unsaved_hours[b]) if self.unsaved_hours is not None else 0.0,
             zones=self.zones,
             spot_obtainable=tuple(bool(x) for x in self.spot_obtainable[:, b]),
             spot_price=self.spot_price,
@@ -118,6 +121,10 @@ def cannot_wait(s: BatchState) -> np.ndarray:
 
 def last_moment(s: BatchState) -> np.ndarray:
     return s.slack_hours - s.tick_hours < s.restart_hours - EPS
+
+
+def last_call(s: BatchState) -> np.ndarray:
+    return last_moment(s) & (s.slack_hours >= s.restart_hours - EPS)
 
 
 def by_instance(
@@ -231,13 +238,23 @@ def broker_batch(s: BatchState) -> BatchDecision:
     spot_ok = (zone >= 0) & spot_is_safe(s)
     must = (want < 0) | last_moment(s)
     to_spot = (want == Instance.SPOT) & spot_ok
+    zone_window = window[np.maximum(zone, 0), np.arange(len(zone))]
+    unsaved = s.unsaved_hours if s.unsaved_hours is not None else 0.0
+    pays = spot_pays(
+        s.spot_price,
+        s.on_demand_price,
+        zone_window,
+        s.work_left_hours,
+        s.restart_hours,
+        unsaved,
+    )
     spot_action = np.select(
-        [want == Instance.ON_DEMAND, (want == Instance.NONE) & ~must],
+        [(want == Instance.ON_DEMAND) | last_call(s), (want == Instance.NONE) & ~must],
         [Action.ON_DEMAND, Action.WAIT],
         Action.CONTINUE,
     )
     od_action = np.select(
-        [must, to_spot, want == Instance.NONE],
+        [must, to_spot & pays, want == Instance.NONE],
         [Action.CONTINUE, Action.SPOT, Action.WAIT],
         Action.CONTINUE,
     )

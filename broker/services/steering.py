@@ -95,22 +95,21 @@ def steer(
     tick_hours: float,
     view: FleetView | None = None,
 ) -> Steer:
-    """Keep a running attempt, or switch its market when the plan or the deadline says so.
+    """Keep a running attempt, or switch its market when the policy says so.
 
-    ``policy.decide`` (the ``broker`` policy the simulator measures) may move a spot job
-    to on-demand. In the simulator progress is exactly as planned, so a spot job's slack
-    never shrinks while it runs. Live, a slower GPU than predicted, or work since the
-    last checkpoint that a preemption would lose, does shrink it, so a spot attempt whose
-    slack (from the latest checkpoint) no longer covers one restart plus a tick moves to
-    on-demand now, while it still can.
+    ``policy.decide`` (the ``broker`` policy the simulator measures) may move a spot job to
+    on-demand: when its plan says so, or at the last tick an on-demand start can still
+    finish (live, slack shrinks on spot when the GPU is slower than predicted, or with work
+    since the last checkpoint that a preemption would lose). An on-demand attempt of an
+    ``auto`` job moves back to spot when the policy says so, the move paying for its
+    restart and the work since the checkpoint with a margin (``_back_to_spot``).
 
-    A move is only worth it when an on-demand plan can still meet the deadline (and fit
-    the budget) from the latest checkpoint. When none can but the running instance, with
-    the work it did since, can still finish in time, it is the job's only chance: keep it.
-
-    An on-demand attempt of an ``auto`` job moves back to spot when the policy says so
-    (``_back_to_spot``), as the simulated broker does once spot returns. ``view``: the
-    fleet's view at ``now`` when a batch of decisions shares it (read here otherwise).
+    What only the live broker can know stays here: a move is only worth it when an
+    on-demand plan can still meet the deadline (and fit the budget) from the latest
+    checkpoint; when none can but the running instance, with the work it did since, can
+    still finish in time, it is the job's only chance: keep it. Once not even it can, the
+    move hands the job to the re-plan, which ends it. ``view``: the fleet's view at ``now``
+    when a batch of decisions shares it (read here otherwise).
     """
     if attempt.market == "on_demand":
         if job.market != "auto":
@@ -122,16 +121,14 @@ def steer(
     state = policy_state(planning, session, job, attempt, now, tick_hours, view)
     if state is None:
         return "continue"
-    move = state.slack_hours - state.tick_hours < state.restart_hours
-    if not move:
-        move = _decide(state).action == policy.Action.ON_DEMAND
-    if not move:
+    work_per_hour = job.total_work / state.work_total_hours
+    finish_hours = max(job.total_work - job.work_done, 0.0) / work_per_hour
+    in_time = finish_hours + state.restart_left_hours <= state.hours_to_deadline
+    if in_time and _decide(state).action != policy.Action.ON_DEMAND:
         return "continue"
     if planning.plans_for_job(session, job, now, market="on_demand").choices:
         return "on_demand"
-    work_per_hour = job.total_work / state.work_total_hours
-    finish_hours = max(job.total_work - job.work_done, 0.0) / work_per_hour
-    return "continue" if finish_hours <= state.hours_to_deadline else "on_demand"
+    return "continue" if in_time else "on_demand"
 
 
 def _back_to_spot(
@@ -143,17 +140,13 @@ def _back_to_spot(
     tick_hours: float,
     view: FleetView,
 ) -> Steer:
-    """Spot when the policy would leave on-demand for spot in a zone that has not
-    refused or preempted spot lately, a spot plan fits what is left, and the move loses
-    at most a tick's work (the work since the latest checkpoint; else it waits for one).
-    """
+    """Spot when the policy would leave on-demand for spot (in a zone that has not refused
+    or preempted spot lately, the move paying for its restart and the work since the
+    checkpoint) and a spot plan fits what is left."""
     if job.market != "auto":
         return "continue"
     state = policy_state(planning, session, job, attempt, now, tick_hours, view)
     if state is None or _decide(state).action != policy.Action.SPOT:
-        return "continue"
-    work_per_hour = job.total_work / state.work_total_hours
-    if (job.work_done - job.checkpointed_work) / work_per_hour > tick_hours:
         return "continue"
     spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=view.refused)
     return "spot" if spot.choices else "continue"
@@ -214,6 +207,7 @@ def policy_state(
         work_total_hours=job.total_work / rate,
         restart_hours=restart,
         restart_left_hours=restart_left,
+        unsaved_hours=max(job.work_done - job.checkpointed_work, 0.0) / rate,
         tick_hours=tick_hours,
         instance=instance,
         zone=running_spot,

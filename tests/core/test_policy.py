@@ -200,6 +200,7 @@ def random_batch(rng: np.random.Generator, n: int) -> BatchState:
         plan_row=rng.integers(0, 2, n),
         spent=spent,
         reserved=reserved,
+        unsaved_hours=rng.choice([0.0, 0.0, 0.5, 2.0], n),
     )
 
 

@@ -92,7 +92,9 @@ def _refuse_spot_everywhere(session, jobs, clock):  # type: ignore[no-untyped-de
         lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
 
 
-def test_on_demand_attempt_moves_back_to_spot_right_after_a_checkpoint(session, clock, submit):
+def test_on_demand_attempt_moves_back_to_spot_when_the_saving_pays_for_the_lost_work(
+    session, clock, submit
+):
     _steady_spot(session, clock)
     job = submit()
     planning = get_planning()
@@ -103,10 +105,17 @@ def test_on_demand_attempt_moves_back_to_spot_right_after_a_checkpoint(session, 
     )
     job = session.get(Job, job.id)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
-    # Work past the checkpoint that a move would lose: wait for the next checkpoint.
+    # A quarter of the work past the checkpoint: spot's saving on the rest still pays for
+    # doing it again (the policy's ``spot_pays``).
     clock.advance(1800)
     agent_reports.record_progress(
         session, attempt.id, token, 50 + job.total_work / 4, None, clock.now()
+    )
+    job = session.get(Job, job.id)
+    assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
+    # Most of it: doing it again costs more than spot would save. Stay.
+    agent_reports.record_progress(
+        session, attempt.id, token, 50 + job.total_work * 0.8, None, clock.now()
     )
     job = session.get(Job, job.id)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
