@@ -114,8 +114,9 @@ def job_reservation(
 ) -> int:
     """Micro-dollars to hold for the job's remaining work on ``plan``, within max_cost.
 
-    A spot-market job: the planner's worst case. An on-demand plan: its cost plus a restart.
-    A spot plan of an ``auto`` job: ``factor`` x the cost of ``on_demand`` (default: the
+    A spot-market job: the planner's worst case. An on-demand plan: its cost plus a restart
+    (an ``auto`` job's: the ``auto`` bound on it, as the policy may move it to spot). A spot
+    plan of an ``auto`` job: ``factor`` x the cost of ``on_demand`` (default: the
     ``fallback`` from ``now``), at least that plan's cost plus a restart and a tick (factor 0:
     just that, the least the budget net needs); the planner's worst case when no on-demand
     plan meets the deadline.
@@ -124,7 +125,10 @@ def job_reservation(
     if job.market == "spot":
         return worst
     if plan.market == "on_demand":
-        bound = _bound(planning, job, plan, tick, factor)
+        # an auto job may leave an on-demand plan for spot: it holds what the policy's budget
+        # net needs for that (the auto bound on this plan), not the on-demand run alone
+        only = float(plan.expected_cost_micros) if job.market == "auto" else None
+        bound = _bound(planning, job, plan, tick, factor, only)
     else:
         on_demand = on_demand or fallback(planning, session, job, now)
         if on_demand is None:

@@ -68,12 +68,15 @@ def market_now(
 ) -> str | None:
     """The market the policy wants for a job with nothing running (None: the plan's).
 
-    ``policy.decide`` with no instance: spot while it is safe; on-demand when the plan
-    says so, or once waiting any longer would put the deadline at risk. The simulated
-    broker may also wait for spot to come back; live, the broker sees spot only by
-    launching, so when every zone it knows has refused or preempted spot lately
-    (``refused_zones``) it starts on-demand rather than wait blind, and ``steer`` moves
-    the job back to spot once a refusal has aged out and the plan still wants spot.
+    ``policy.decide`` with no instance, as the simulator asks it: spot while it is safe
+    (even when admission planned on-demand: the planner alone keeps room for a whole run on
+    spot and another on on-demand, the policy knows it can leave spot in time), provided
+    a spot plan fits what is left; on-demand when the plan says so, or once waiting any
+    longer would put the deadline at risk. The simulated broker may also wait for spot to
+    come back; live, the broker sees spot only by launching, so when every zone it knows
+    has refused or preempted spot lately (``refused_zones``) it starts on-demand rather
+    than wait blind, and ``steer`` moves the job back to spot once a refusal has aged out
+    and the policy still wants spot.
     """
     if job.market != "auto":
         return None
@@ -83,6 +86,12 @@ def market_now(
     decision = _decide(state)
     if decision.action == policy.Action.ON_DEMAND or not any(state.spot_obtainable):
         return "on_demand"
+    plan = job_plan(job)
+    if decision.action == policy.Action.SPOT and plan is not None and plan.market != "spot":
+        refused = refused_zones(session, now)
+        spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=refused)
+        if spot.choices and spot.stop is None:
+            return "spot"
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 from broker.core.reservation import RESERVE_FACTOR
 from broker.devstack.demo import demo_jobs
@@ -54,3 +55,15 @@ def test_every_demo_job_reserves_at_most_one_and_a_half_on_demand_runs(session, 
         assert job.on_demand_cost_micros is not None
         held = job_reserved(session, job.id)
         assert held <= RESERVE_FACTOR * job.on_demand_cost_micros, demo.spec["name"]
+
+
+def test_an_auto_job_planned_on_demand_holds_room_to_move_to_spot(session, submit, clock):
+    # 6 h for ~4.4 h of work: the planner keeps no room for a whole spot run, so it plans
+    # on-demand; the policy may still take spot, and its budget net needs the auto bound
+    job = submit(deadline=(clock.now() + timedelta(hours=6)).isoformat())
+    plan = job_plan(job)
+    assert plan is not None and plan.market == "on_demand"
+    auto_bound = math.floor(RESERVE_FACTOR * plan.expected_cost_micros)
+    assert job_reserved(session, job.id) == min(job.max_cost_micros, auto_bound)
+    on_demand_job = submit(2_000_000_000, market="on_demand", deadline=job.deadline.isoformat())
+    assert job_reserved(session, on_demand_job.id) < job_reserved(session, job.id)

@@ -9,6 +9,7 @@ from broker.core.spot_model import family
 from broker.db.models import Job, SpotModelRow
 from broker.services import agent_reports, lifecycle
 from broker.services.ledger import book_spend, job_reserved, job_spent
+from broker.services.plans import job_plan
 from broker.services.quoting import get_planning
 from broker.services.reservations import finish_on_demand, offer_prices
 from broker.services.steering import candidate_zones, market_now, policy_state, steer
@@ -236,3 +237,15 @@ def test_on_demand_stays_once_the_reservation_only_covers_finishing_there(sessio
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
     _spend_down_to_finishing_on_demand(session, job, attempt, clock)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
+
+
+def test_auto_job_planned_on_demand_starts_on_spot_when_the_policy_says_so(session, clock, submit):
+    # the planner keeps room for a whole spot run and another on on-demand; the policy knows
+    # it can leave spot in time, as the simulator lets it
+    job = submit(deadline=(clock.now() + timedelta(hours=6)).isoformat())
+    plan = job_plan(job)
+    assert plan is not None and plan.market == "on_demand"
+    planning = get_planning()
+    _steady_spot(session, clock)
+    assert market_now(planning, session, job, clock.now(), tick_hours=0.1) == "spot"
+    assert planning.plans_for_job(session, job, clock.now(), market="spot").choices
