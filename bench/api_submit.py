@@ -190,6 +190,7 @@ async def profile_in_process(jobs: int, admin: str) -> None:
         f"in-process, under cProfile: {1000 * used / jobs:.2f} ms CPU per request (client included)"
     )
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
 
 
 def profile(jobs: int, pg: str) -> None:
