@@ -67,7 +67,7 @@ EPS = 1e-9  # hours; float noise on tick multiples, far below one tick
 PRIOR_HOURS = 24.0  # weight of the prior in availability estimates
 PRIOR_AVAILABILITY = 0.5
 PRIOR_WINDOW_HOURS = 2.0
-SWITCH_MARGIN = 1.5  # leaving on-demand for spot must pay this many times what the move costs
+SWITCH_MARGIN = 1.5  # leaving on-demand for spot must pay this many times the work it loses
 HISTORY_DAYS = 30.0  # the spot availability history the broker keeps (and plans on)
 
 _Hours = TypeVar("_Hours", float, np.ndarray)  # the estimates take floats or arrays alike
@@ -248,12 +248,6 @@ def _last_moment(state: PolicyState) -> bool:
     return state.slack_hours - state.tick_hours < state.restart_hours - EPS
 
 
-def _last_call(state: PolicyState) -> bool:
-    """The last tick an on-demand start can still finish: a spot instance kept past it could
-    not be made up for if it were preempted."""
-    return _last_moment(state) and state.slack_hours >= state.restart_hours - EPS
-
-
 def budget_net(state: PolicyState, decision: Decision) -> Decision:
     """``decision``, unless it holds spot (or nothing) for a tick after which the reservation
     could no longer pay for on-demand to the end (``on_demand_cost``): then on-demand, started
@@ -347,17 +341,17 @@ def spot_pays(
     restart_hours: float | np.ndarray,
     unsaved_hours: float | np.ndarray,
 ) -> np.ndarray:
-    """Whether leaving on-demand for spot pays (works on arrays too): over the spot window
-    it can expect (``window_hours``, the zone's mean, no more than the work left), the
-    saving must cover ``SWITCH_MARGIN`` times what the move costs: the restart on spot, the
-    work since the checkpoint done again, and the restart after the window ends. The margin
-    is the hysteresis that keeps a job from switching back and forth on a zone whose spot
-    comes and goes (each switch pays a restart)."""
+    """Whether leaving on-demand for spot pays for the work it loses (works on arrays too).
+
+    The plan already weighs the move's restart against what spot saves; it cannot know the
+    work done since the latest checkpoint, which the move throws away. Over the spot window
+    the zone's history expects (``window_hours``, no more than the work left, less the
+    restart and the lost work), the saving must cover ``SWITCH_MARGIN`` times the cost of
+    doing that work again. Without lost work (the simulator's case) it always pays.
+    """
     working = np.minimum(window_hours, work_left_hours) - restart_hours - unsaved_hours
     saving = (on_demand_price - spot_price) * np.maximum(working, 0.0)
-    after = np.where(window_hours < work_left_hours, on_demand_price * restart_hours, 0.0)
-    cost = spot_price * (restart_hours + unsaved_hours) + after
-    return np.asarray(saving >= SWITCH_MARGIN * cost)
+    return np.asarray(saving >= SWITCH_MARGIN * spot_price * unsaved_hours)
 
 
 def spot_now(obtainable: np.ndarray, age_hours: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -383,10 +377,10 @@ def broker(state: PolicyState) -> Decision:
     keeps every state able to finish on on-demand. A last net stays on top (the plan's
     steps round the job's times, and live ticks are uneven): a job whose waste is past the
     plan's slack, or that one more idle tick would leave no time for an on-demand start,
-    neither drops its instance nor stays idle, and a spot instance moves to on-demand at the
-    last tick an on-demand start can still finish (live, a job's slack shrinks on spot when
-    its GPU is slower than predicted or work since its checkpoint would be lost). Leaving
-    on-demand for spot must pay for itself with a margin (``spot_pays``): no ping-pong.
+    neither drops its instance nor stays idle. Leaving on-demand for spot must also pay,
+    with a margin, for the work since the checkpoint it throws away (``spot_pays``; the
+    plan weighs the restart itself, which keeps a job on flapping spot from switching back
+    and forth: ``tests/core/test_ping_pong.py``).
     (The Safety Net Rule's margin of two restarts, which greedy and Uniform Progress need,
     only costs a plan that already weighs the risk of losing spot: measured in
     ``bench/policies.py``.) The budget net
@@ -417,7 +411,7 @@ def broker(state: PolicyState) -> Decision:
     spot_ok = zone is not None and _spot_is_safe(state)
     must = want < 0 or _last_moment(state)
     if state.instance is Instance.SPOT:
-        if want == Instance.ON_DEMAND or _last_call(state):
+        if want == Instance.ON_DEMAND:
             return ON_DEMAND
         return WAIT if want == Instance.NONE and not must else CONTINUE
     if state.instance is Instance.ON_DEMAND:

@@ -123,10 +123,6 @@ def last_moment(s: BatchState) -> np.ndarray:
     return s.slack_hours - s.tick_hours < s.restart_hours - EPS
 
 
-def last_call(s: BatchState) -> np.ndarray:
-    return last_moment(s) & (s.slack_hours >= s.restart_hours - EPS)
-
-
 def by_instance(
     s: BatchState,
     od_action: np.ndarray,
@@ -249,7 +245,7 @@ def broker_batch(s: BatchState) -> BatchDecision:
         unsaved,
     )
     spot_action = np.select(
-        [(want == Instance.ON_DEMAND) | last_call(s), (want == Instance.NONE) & ~must],
+        [want == Instance.ON_DEMAND, (want == Instance.NONE) & ~must],
         [Action.ON_DEMAND, Action.WAIT],
         Action.CONTINUE,
     )

@@ -107,11 +107,9 @@ def steer(
     """Keep a running attempt, or switch its market when the policy says so.
 
     ``policy.decide`` (the ``broker`` policy the simulator measures) may move a spot job to
-    on-demand: when its plan says so, or at the last tick an on-demand start can still
-    finish (live, slack shrinks on spot when the GPU is slower than predicted, or with work
-    since the last checkpoint that a preemption would lose). An on-demand attempt of an
-    ``auto`` job moves back to spot when the policy says so, the move paying for its
-    restart and the work since the checkpoint with a margin (``_back_to_spot``).
+    on-demand when its plan says so. An on-demand attempt of an ``auto`` job moves back to
+    spot when the policy says so, the move paying for the work since the checkpoint with a
+    margin (``_back_to_spot``).
 
     What only the live broker can know stays here: a move is only worth it when an
     on-demand plan can still meet the deadline (and fit the budget) from the latest
@@ -150,8 +148,8 @@ def _back_to_spot(
     view: FleetView,
 ) -> Steer:
     """Spot when the policy would leave on-demand for spot (in a zone that has not refused
-    or preempted spot lately, the move paying for its restart and the work since the
-    checkpoint) and a spot plan fits what is left."""
+    or preempted spot lately, the move paying for the work since the checkpoint) and a spot
+    plan fits what is left."""
     if job.market != "auto":
         return "continue"
     state = policy_state(planning, session, job, attempt, now, tick_hours, view)
