@@ -66,7 +66,7 @@ def serve(
 
 @app.command()
 def demo(
-    scale: float = typer.Option(900.0, help="Simulated seconds per wall second."),
+    scale: float = typer.Option(300.0, help="Simulated seconds per wall second."),
     data_dir: Path | None = typer.Option(None, help="Folder for the demo's database and logs."),
     stay: bool | None = typer.Option(
         None, help="Keep the dashboard up after the summary (default: in a terminal)."

@@ -343,8 +343,8 @@ def summary_tables(jobs: list[DemoJob], budgets: dict[str, dict]) -> Group:
 def run_demo(
     console: Console,
     *,
-    scale: float = 900.0,
-    wall_limit_seconds: float = 165.0,
+    scale: float = 300.0,
+    wall_limit_seconds: float = 495.0,
     data_dir: Path | None = None,
     stay: bool = False,
 ) -> bool:

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.timeout(400),
+    pytest.mark.timeout(1300),
     pytest.mark.skipif(
         bool(os.environ.get("BROKER_TEST_DATABASE_URL")),
         reason="the demo runs on the embedded stack only; the SQLite pass covers it",
@@ -26,7 +26,7 @@ def test_broker_demo_runs_every_job_to_the_end_and_leaves_no_instance(tmp_path: 
         capture_output=True,
         text=True,
         env=env,
-        timeout=360,
+        timeout=1200,
         cwd=tmp_path,
     )
     out = result.stdout
