@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import Any
 
+from celery import signals
 from kombu.exceptions import ChannelError
 
 from broker import clock
@@ -21,6 +23,19 @@ from providers.base import TransientError
 from tasks.celery_app import app
 
 log = logging.getLogger(__name__)
+
+
+@signals.worker_process_init.connect
+def _warm_up(**_: Any) -> None:
+    """Each pool process builds its runner (cloud clients, the planning synced with the stored
+    prices) before its first task, not during it: cold, a fresh worker's first launches and
+    ticks took seconds each, hours of broker time at a demo's scale."""
+    try:
+        runner = get_runner()
+        with open_session() as session:
+            runner.planning.sync(session, force=True)
+    except Exception as error:  # noqa: BLE001 - tasks build what is missing; the worker runs on
+        log.warning("worker process not warmed up: %s", error)
 
 
 @app.task(autoretry_for=(TransientError,), retry_backoff=True, max_retries=5)

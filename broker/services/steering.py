@@ -90,7 +90,7 @@ def market_now(
     if decision.action == policy.Action.SPOT and plan is not None and plan.market != "spot":
         refused = refused_zones(session, now)
         spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=refused)
-        if spot.choices and spot.stop is None:
+        if spot.stop is None and _unrefused(spot.choices, refused):
             return "spot"
     return None
 
@@ -153,10 +153,28 @@ def _back_to_spot(
     if job.market != "auto":
         return "continue"
     state = policy_state(planning, session, job, attempt, now, tick_hours, view)
-    if state is None or _decide(state).action != policy.Action.SPOT:
+    if state is None:
+        return "continue"
+    # Live, the on-demand instance ends before the spot one runs: a move refused for capacity
+    # costs a restart. So it weighs only zones last seen with spot (a new job's launch, which
+    # risks nothing, finds out), as the simulator's observed view shows spot only where it
+    # was last seen.
+    seen = view.history.zones
+    last_seen = tuple(
+        obtainable and (zone not in seen or seen[zone].last_available)
+        for zone, obtainable in zip(state.zones, state.spot_obtainable, strict=True)
+    )
+    if _decide(state.with_(spot_obtainable=last_seen)).action != policy.Action.SPOT:
         return "continue"
     spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=view.refused)
-    return "spot" if spot.choices else "continue"
+    return "spot" if _unrefused(spot.choices, view.refused) else "continue"
+
+
+def _unrefused(choices: list[ChosenPlan], refused: set[str]) -> bool:
+    """A spot plan outside the zones that refused or preempted spot lately (the planner
+    offers them still when nothing else fits: moving there would only be refused again,
+    and the on-demand instance left for it would be lost)."""
+    return any(choice.zone not in refused for choice in choices)
 
 
 def policy_state(
