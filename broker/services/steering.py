@@ -30,6 +30,7 @@ from broker.services.reservations import finish_on_demand, offer_prices
 
 Steer = Literal["continue", "on_demand", "spot"]
 REFUSED_HOURS = 1.0  # a zone that refused or preempted spot this recently is taken as out of it
+MOVE_BACK_HOURS = 3.0  # ... and this long for leaving a running on-demand instance for it
 
 
 @dataclass(frozen=True)
@@ -156,12 +157,13 @@ def _back_to_spot(
     if state is None:
         return "continue"
     # Live, the on-demand instance ends before the spot one runs: a move refused for capacity
-    # costs a restart. So it weighs only zones last seen with spot (a new job's launch, which
-    # risks nothing, finds out), as the simulator's observed view shows spot only where it
-    # was last seen.
+    # costs a restart. So it weighs a zone last seen without spot (refused or preempted)
+    # only once that is MOVE_BACK_HOURS old: a new job's launch, which risks nothing, finds
+    # spot sooner, as the simulator's observed view shows spot only where it was last seen.
     seen = view.history.zones
+    lately = refused_zones(session, now, hours=MOVE_BACK_HOURS)
     last_seen = tuple(
-        obtainable and (zone not in seen or seen[zone].last_available)
+        obtainable and (zone not in lately or (zone in seen and seen[zone].last_available))
         for zone, obtainable in zip(state.zones, state.spot_obtainable, strict=True)
     )
     if _decide(state.with_(spot_obtainable=last_seen)).action != policy.Action.SPOT:
@@ -310,11 +312,13 @@ def zone_histories(
     return policy.AvailabilityHistory(merged)
 
 
-def refused_zones(session: Session, now: datetime, job_id: str | None = None) -> set[str]:
-    """Zones that refused a launch (capacity) or preempted an instance within
-    ``REFUSED_HOURS``: any job's spot attempts, or with ``job_id`` that job's attempts."""
+def refused_zones(
+    session: Session, now: datetime, job_id: str | None = None, hours: float = REFUSED_HOURS
+) -> set[str]:
+    """Zones that refused a launch (capacity) or preempted an instance within ``hours``:
+    any job's spot attempts, or with ``job_id`` that job's attempts."""
     query = select(Attempt.zone).where(
-        col(Attempt.ended_at) >= now - timedelta(hours=REFUSED_HOURS),
+        col(Attempt.ended_at) >= now - timedelta(hours=hours),
         col(Attempt.end_reason).in_(("capacity", "preempted")),
     )
     if job_id is None:

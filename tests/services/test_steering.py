@@ -12,7 +12,13 @@ from broker.services.ledger import book_spend, job_reserved, job_spent
 from broker.services.plans import job_plan
 from broker.services.quoting import get_planning
 from broker.services.reservations import finish_on_demand, offer_prices
-from broker.services.steering import candidate_zones, market_now, policy_state, steer
+from broker.services.steering import (
+    MOVE_BACK_HOURS,
+    candidate_zones,
+    market_now,
+    policy_state,
+    steer,
+)
 from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen
 
 
@@ -149,10 +155,17 @@ def test_on_demand_attempt_stays_when_spot_was_last_refused_or_the_deadline_is_c
         session, attempt.id, token, 60, f"jobs/{job.id}/ckpt-60", clock.now()
     )
     job = session.get(Job, job.id)
-    # The refusals have aged out, but spot was last seen refused everywhere: leaving the
-    # on-demand instance blind would cost a restart if refused again (a new job's launch,
-    # which risks nothing, finds out). Stay.
+    # The refusals are past the hour a launch avoids a zone for, but spot was last seen
+    # refused everywhere: leaving the on-demand instance blind would cost a restart if
+    # refused again (a new job's launch, which risks nothing, finds out). Stay...
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
+    # ... for MOVE_BACK_HOURS; then try.
+    clock.advance(3600 * (MOVE_BACK_HOURS - 1.5) + 60)
+    agent_reports.record_progress(
+        session, attempt.id, token, 70, f"jobs/{job.id}/ckpt-70", clock.now()
+    )
+    job = session.get(Job, job.id)
+    assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
     # Close to the deadline a spot start is no longer safe.
     clock.set(job.deadline - timedelta(hours=1))
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
