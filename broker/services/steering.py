@@ -81,7 +81,8 @@ def market_now(
     """
     if job.market != "auto":
         return None
-    state = policy_state(planning, session, job, None, now, tick_hours)
+    view = fleet_view(session, now)
+    state = policy_state(planning, session, job, None, now, tick_hours, view)
     if state is None:
         return None
     decision = _decide(state)
@@ -89,7 +90,7 @@ def market_now(
         return "on_demand"
     plan = job_plan(job)
     if decision.action == policy.Action.SPOT and plan is not None and plan.market != "spot":
-        refused = refused_zones(session, now)
+        refused = view.refused
         spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=refused)
         if spot.stop is None and _unrefused(spot.choices, refused):
             return "spot"
