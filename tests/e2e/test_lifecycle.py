@@ -145,7 +145,9 @@ def test_auto_job_on_on_demand_moves_back_to_spot_when_spot_returns(stack: Any) 
     from broker.db.models import Attempt
 
     api = Api(stack)
-    spec = api.spec(hours=5.0, deadline_hours=14.0, market="auto")
+    # Work enough that the move back still pays once the zones' refusals are MOVE_BACK_HOURS
+    # old, with room for a loop lagging on a loaded machine.
+    spec = api.spec(hours=6.0, deadline_hours=16.0, market="auto")
     spot_plans = every_spot_zone()
     for plan in spot_plans:
         set_spot(stack, plan, False)

@@ -67,8 +67,11 @@ def test_pure_on_demand_job_spends_its_on_demand_only_figure(stack: Any) -> None
     points = sorted(done["checkpoints"], key=lambda c: c["created_at"])
     hours = (_at(points[-1]["created_at"]) - _at(points[0]["created_at"])).total_seconds() / 3600
     share = (points[-1]["work_done"] - points[0]["work_done"]) / done["progress"]["total_work"]
-    assert hours / share == pytest.approx(work_hours, rel=0.02)
+    # (5 %: at x300 a report landing a quarter wall second late on a loaded machine is 1 %)
+    assert hours / share == pytest.approx(work_hours, rel=0.05)
     # So the figure differs from the spend only by the start-up and the program's end: the
     # figure counts STARTUP_HOURS (6 min), the local cloud takes what its wall seconds are at
-    # this clock (a few broker minutes here), never as much as the figure's start-up again.
-    assert abs(spent - figure) <= Decimal(price) / 10**6 * Decimal(STARTUP_HOURS), (spent, figure)
+    # this clock (a few broker minutes here), and the end waits for the tick that sees it: on
+    # a loaded machine a few wall seconds, so never as much as three of the figure's start-ups.
+    slack = Decimal(price) / 10**6 * Decimal(3 * STARTUP_HOURS)
+    assert abs(spent - figure) <= slack, (spent, figure)
