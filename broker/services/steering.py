@@ -10,11 +10,12 @@ runner (``broker.services.runner``) carries a move out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
 import numpy as np
+from sqlalchemy import ColumnElement, func
 from sqlmodel import Session, col, select
 
 from broker.core import policy
@@ -36,16 +37,21 @@ MOVE_BACK_HOURS = 3.0  # ... and this long for leaving a running on-demand insta
 @dataclass(frozen=True)
 class FleetView:
     """What every job's decision at one instant shares, read once for a batch of them: spot
-    availability as the broker's own attempts saw it (``spot_history``) and the zones that
-    refused or preempted spot lately (``refused_zones``)."""
+    availability as the broker's own attempts saw it (``spot_history``), the zones that
+    refused or preempted spot lately (``refused``: within ``REFUSED_HOURS``) and those that
+    did within ``MOVE_BACK_HOURS`` (``refused_lately``)."""
 
     history: policy.AvailabilityHistory
     refused: set[str]
+    refused_lately: set[str] = field(default_factory=set)
 
 
 def fleet_view(session: Session, now: datetime) -> FleetView:
     """The fleet's view at ``now`` (two queries)."""
-    return FleetView(spot_history(session, now), refused_zones(session, now))
+    last = last_refusals(session, now, MOVE_BACK_HOURS)
+    recent = now - timedelta(hours=REFUSED_HOURS)
+    refused = {zone for zone, at in last.items() if at >= recent}
+    return FleetView(spot_history(session, now), refused, set(last))
 
 
 def _decide(state: policy.PolicyState) -> policy.Decision:
@@ -162,7 +168,7 @@ def _back_to_spot(
     # only once that is MOVE_BACK_HOURS old: a new job's launch, which risks nothing, finds
     # spot sooner, as the simulator's observed view shows spot only where it was last seen.
     seen = view.history.zones
-    lately = refused_zones(session, now, hours=MOVE_BACK_HOURS)
+    lately = view.refused_lately
     last_seen = tuple(
         obtainable and (zone not in lately or (zone in seen and seen[zone].last_available))
         for zone, obtainable in zip(state.zones, state.spot_obtainable, strict=True)
@@ -318,15 +324,30 @@ def refused_zones(
 ) -> set[str]:
     """Zones that refused a launch (capacity) or preempted an instance within ``hours``:
     any job's spot attempts, or with ``job_id`` that job's attempts."""
-    query = select(Attempt.zone).where(
-        col(Attempt.ended_at) >= now - timedelta(hours=hours),
-        col(Attempt.end_reason).in_(("capacity", "preempted")),
-    )
+    query = select(Attempt.zone).where(*_refusals(now, hours))
     if job_id is None:
         query = query.where(Attempt.market == "spot")
     else:
         query = query.where(Attempt.job_id == job_id)
     return set(session.exec(query).all())
+
+
+def last_refusals(session: Session, now: datetime, hours: float) -> dict[str, datetime]:
+    """Each zone whose spot refused a launch or preempted an instance within ``hours``, with
+    the latest such time."""
+    rows = session.exec(
+        select(Attempt.zone, func.max(Attempt.ended_at))
+        .where(*_refusals(now, hours), Attempt.market == "spot")
+        .group_by(col(Attempt.zone))
+    ).all()
+    return {zone: at for zone, at in rows if at is not None}
+
+
+def _refusals(now: datetime, hours: float) -> tuple[ColumnElement[bool], ...]:
+    return (
+        col(Attempt.ended_at) >= now - timedelta(hours=hours),
+        col(Attempt.end_reason).in_(("capacity", "preempted")),
+    )
 
 
 def spot_history(
