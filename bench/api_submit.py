@@ -191,6 +191,7 @@ async def profile_in_process(jobs: int, admin: str) -> None:
     )
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
     pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(r"/broker/", 40)
 
 
 def profile(jobs: int, pg: str) -> None:
