@@ -257,7 +257,9 @@ def live_start(session: Any, job: Any) -> LiveStart:
     plan = job_plan(job)
     assert plan is not None, f"{job.id} has no plan"
     rate = planning.rate(session, job, plan.gpu, plan.gpu_count, plan.nodes)
-    listed = offer_prices(planning, plan.provider, plan.zone, plan.instance_type)
+    listed = offer_prices(
+        planning, plan.provider, plan.zone, plan.instance_type, plan.gpu, plan.gpu_count
+    )
     spot, on_demand = listed if listed is not None else (-1, -1)
     spot = spot if spot >= 0 else on_demand
     return LiveStart(

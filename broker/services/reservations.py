@@ -29,16 +29,28 @@ from broker.settings import Settings, get_settings
 
 
 def offer_prices(
-    planning: Planning, provider: str, zone: str, instance_type: str
+    planning: Planning,
+    provider: str,
+    zone: str,
+    instance_type: str,
+    gpu: str = "",
+    gpu_count: int = 0,
 ) -> tuple[int, int] | None:
     """(spot, on-demand) micro-dollars per hour of one machine of an offer the broker plans
-    on (-1: that market is not offered); None when it plans on no such offer."""
+    on (-1: that market is not offered); None when it plans on no such offer. ``gpu`` and
+    ``gpu_count`` (when given) pick the row: a Compute Engine N1 type carries any of several
+    GPUs, one or more of them, each at its own price."""
     offers = planning.offers
-    rows = np.flatnonzero(
+    mask = (
         (offers.provider == provider)
         & (offers.zone == zone)
         & (offers.instance_type == instance_type)
     )
+    if gpu:
+        mask &= offers.gpu == gpu
+    if gpu_count:
+        mask &= offers.gpu_count == gpu_count
+    rows = np.flatnonzero(mask)
     if not len(rows):
         return None
     i = int(rows[0])

@@ -10,6 +10,7 @@ runner (``broker.services.runner``) carries a move out.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
@@ -28,6 +29,8 @@ from broker.services.metrics import POLICY_PLANS
 from broker.services.plans import ChosenPlan, job_plan
 from broker.services.quoting import Planning
 from broker.services.reservations import finish_on_demand, offer_prices
+
+log = logging.getLogger(__name__)
 
 Steer = Literal["continue", "on_demand", "spot"]
 REFUSED_HOURS = 1.0  # a zone that refused or preempted spot this recently is taken as out of it
@@ -142,8 +145,30 @@ def steer(
     if in_time and _decide(state).action != policy.Action.ON_DEMAND:
         return "continue"
     if planning.plans_for_job(session, job, now, market="on_demand").choices:
+        _log_switch(job, attempt, state, "on_demand", "policy" if in_time else "late")
         return "on_demand"
-    return "continue" if in_time else "on_demand"
+    if in_time:
+        return "continue"
+    _log_switch(job, attempt, state, "on_demand", "late, no on-demand plan: re-plan")
+    return "on_demand"
+
+
+def _log_switch(job: Job, attempt: Attempt, state: policy.PolicyState, to: str, why: str) -> None:
+    """Say why a running attempt leaves its market (INFO): what the policy weighed."""
+    log.info(
+        "market switch to %s (%s): %.2f h to deadline, %.2f h of work left, spent $%.2f of "
+        "$%.2f held, on-demand finish $%.2f, spot $%.3f/h, on-demand $%.3f/h",
+        to,
+        why,
+        state.hours_to_deadline,
+        state.work_left_hours,
+        state.spent,
+        state.reserved,
+        state.on_demand_cost,
+        state.spot_price,
+        state.on_demand_price,
+        extra={"job_id": job.id, "attempt_id": attempt.id, "zone": attempt.zone},
+    )
 
 
 def _back_to_spot(
@@ -176,7 +201,10 @@ def _back_to_spot(
     if _decide(state.with_(spot_obtainable=last_seen)).action != policy.Action.SPOT:
         return "continue"
     spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=view.refused)
-    return "spot" if _unrefused(spot.choices, view.refused) else "continue"
+    if not _unrefused(spot.choices, view.refused):
+        return "continue"
+    _log_switch(job, attempt, state, "spot", "policy")
+    return "spot"
 
 
 def _unrefused(choices: list[ChosenPlan], refused: set[str]) -> bool:
@@ -226,7 +254,9 @@ def policy_state(
     # those of the shape's zones (and the job's own), not zones no launch has tried.
     zones = tuple(
         z
-        for z in candidate_zones(planning, where.provider, where.instance_type, where.zone)
+        for z in candidate_zones(
+            planning, where.provider, where.instance_type, where.zone, gpu, int(count)
+        )
         if z == where.zone or z in live.zones
     )
     history = zone_histories(session, where.provider, where.instance_type, where.gpu, zones, live)
@@ -264,7 +294,14 @@ def _prices(planning: Planning, where: Attempt | ChosenPlan) -> tuple[float, flo
         paid = where.price_micros_per_hour
     else:
         paid = where.price_per_hour_micros
-    listed = offer_prices(planning, where.provider, where.zone, where.instance_type)
+    listed = offer_prices(
+        planning,
+        where.provider,
+        where.zone,
+        where.instance_type,
+        where.gpu or "",
+        int(where.gpu_count or 0),
+    )
     spot, on_demand = listed if listed is not None else (-1, -1)
     nodes = max(int(where.nodes), 1)
     spot, on_demand = (p * nodes if p >= 0 else p for p in (spot, on_demand))
@@ -278,17 +315,28 @@ def _prices(planning: Planning, where: Attempt | ChosenPlan) -> tuple[float, flo
 
 
 def candidate_zones(
-    planning: Planning, provider: str, instance_type: str, zone: str
+    planning: Planning,
+    provider: str,
+    instance_type: str,
+    zone: str,
+    gpu: str = "",
+    gpu_count: int = 0,
 ) -> tuple[str, ...]:
     """The zones the job could run its shape on spot in: ``zone`` first, then every other
-    zone of the provider offering ``instance_type`` on spot, cheapest spot first."""
+    zone of the provider offering ``instance_type`` (with ``gpu_count`` ``gpu``, when given)
+    on spot, cheapest spot first."""
     offers = planning.offers
-    rows = np.flatnonzero(
+    mask = (
         (offers.provider == provider)
         & (offers.instance_type == instance_type)
         & (offers.spot_micros_per_hour >= 0)
         & (offers.zone != zone)
     )
+    if gpu:
+        mask &= offers.gpu == gpu
+    if gpu_count:
+        mask &= offers.gpu_count == gpu_count
+    rows = np.flatnonzero(mask)
     order = sorted(rows, key=lambda i: (int(offers.spot_micros_per_hour[i]), str(offers.zone[i])))
     return (zone, *dict.fromkeys(str(offers.zone[i]) for i in order))
 

@@ -35,7 +35,9 @@ def test_the_policy_sees_whole_gang_prices_and_the_gang_s_speed(session, clock, 
     assert attempt.nodes == 2 and attempt.price_micros_per_hour == plan.price_per_hour_micros
     state = policy_state(planning, session, job, attempt, clock.now(), 0.1)
     assert state is not None
-    listed = offer_prices(planning, plan.provider, plan.zone, plan.instance_type)
+    listed = offer_prices(
+        planning, plan.provider, plan.zone, plan.instance_type, plan.gpu, plan.gpu_count
+    )
     assert listed is not None
     spot, on_demand = listed
     paid = plan.price_per_hour_micros / 1e6

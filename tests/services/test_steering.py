@@ -265,3 +265,53 @@ def test_auto_job_planned_on_demand_starts_on_spot_when_the_policy_says_so(sessi
     _steady_spot(session, clock)
     assert market_now(planning, session, job, clock.now(), tick_hours=0.1) == "spot"
     assert planning.plans_for_job(session, job, clock.now(), market="spot").choices
+
+
+def _mixed_machine_type() -> tuple[str, str, list[int]]:
+    """A Compute Engine zone and N1 machine type offered with several GPU shapes (rows)."""
+    offers = get_planning().offers
+    seen: dict[tuple[str, str], list[int]] = {}
+    for i in range(len(offers.zone)):
+        if offers.provider[i] == "gcp":
+            seen.setdefault((str(offers.zone[i]), str(offers.instance_type[i])), []).append(i)
+    zone, machine = next(key for key, rows in seen.items() if len(rows) > 2)
+    return zone, machine, seen[(zone, machine)]
+
+
+def test_an_n1_machine_s_prices_are_those_of_the_gpus_it_carries() -> None:
+    # An N1 type carries any of several GPUs, one or more: the policy must price the
+    # attempt's own (a demo job on 2 x L4 saw spot $2.18/h against on-demand $1.96/h, the
+    # first row's, and left spot for on-demand).
+    planning = get_planning()
+    offers = planning.offers
+    zone, machine, rows = _mixed_machine_type()
+    for i in rows:
+        gpu, count = str(offers.gpu[i]), int(offers.gpu_count[i])
+        assert offer_prices(planning, "gcp", zone, machine, gpu, count) == (
+            int(offers.spot_micros_per_hour[i]),
+            int(offers.on_demand_micros_per_hour[i]),
+        )
+    assert (
+        len(
+            {
+                offer_prices(
+                    planning, "gcp", zone, machine, str(offers.gpu[i]), int(offers.gpu_count[i])
+                )
+                for i in rows
+            }
+        )
+        > 1
+    )
+
+
+def test_a_shape_s_zones_are_those_offering_its_gpus_on_spot() -> None:
+    planning = get_planning()
+    offers = planning.offers
+    zone, machine, rows = _mixed_machine_type()
+    i = rows[-1]
+    gpu, count = str(offers.gpu[i]), int(offers.gpu_count[i])
+    zones = candidate_zones(planning, "gcp", machine, zone, gpu, count)
+    for other in zones[1:]:
+        assert offer_prices(planning, "gcp", other, machine, gpu, count) is not None
+    every = candidate_zones(planning, "gcp", machine, zone)
+    assert set(zones) <= set(every)
