@@ -52,6 +52,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Spend leases on the scaled clock: 20 ticks (20 wall seconds at a 1 s tick), against the
+# production default of 6, as a loaded laptop's loop can lag 5-10 wall seconds (a demo run
+# beside six CPU-bound processes lagged 1,465 broker seconds at x300, 6 ticks' lease being
+# 1,800 s, and two tight jobs lost their attempts to lapsed leases, then their deadlines).
+LEASE_TICKS = 20.0
+
 
 class EmbeddedStack:
     """``with EmbeddedStack(folder) as stack:`` -> ``stack.api_url``, ``stack.admin_token``."""
@@ -292,12 +298,15 @@ class EmbeddedStack:
 
     def agent_timing(self) -> dict[str, str]:
         """Agent silence, boot grace and report interval in broker seconds, wide enough on
-        the scaled clock that a loaded laptop does not see healthy agents as lost."""
+        the scaled clock that a loaded laptop does not see healthy agents as lost; spend
+        leases of ``LEASE_TICKS`` ticks, so that a loop lagging a few wall seconds before
+        the pacer slows the clock does not let leases lapse (each lapse costs a restart)."""
         patient = max(600.0, 30.0 * self.scale)
         return {
             "BROKER_AGENT_SILENCE_SECONDS": f"{patient:g}",
             "BROKER_AGENT_BOOT_GRACE_SECONDS": f"{patient:g}",
             "BROKER_AGENT_REPORT_SECONDS": f"{max(60.0, 1.0 * self.scale):g}",
+            "BROKER_LEASE_TICKS": f"{LEASE_TICKS:g}",
         }
 
     def market_timing(self) -> dict[str, str]:
