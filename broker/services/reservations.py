@@ -17,6 +17,7 @@ import numpy as np
 from sqlmodel import Session
 
 from broker import clock
+from broker.core.offers import OfferTable
 from broker.core.planner import Plan, PlanRequest
 from broker.core.reservation import RESERVE_FACTOR, reservation
 from broker.core.spend import plan_on_demand_only
@@ -41,20 +42,26 @@ def offer_prices(
     ``gpu_count`` (when given) pick the row: a Compute Engine N1 type carries any of several
     GPUs, one or more of them, each at its own price."""
     offers = planning.offers
-    mask = (
-        (offers.provider == provider)
-        & (offers.zone == zone)
-        & (offers.instance_type == instance_type)
+    rows = np.flatnonzero(
+        shape_mask(offers, provider, instance_type, gpu, gpu_count) & (offers.zone == zone)
     )
-    if gpu:
-        mask &= offers.gpu == gpu
-    if gpu_count:
-        mask &= offers.gpu_count == gpu_count
-    rows = np.flatnonzero(mask)
     if not len(rows):
         return None
     i = int(rows[0])
     return int(offers.spot_micros_per_hour[i]), int(offers.on_demand_micros_per_hour[i])
+
+
+def shape_mask(
+    offers: OfferTable, provider: str, instance_type: str, gpu: str = "", gpu_count: int = 0
+) -> np.ndarray:
+    """The offers of ``provider``'s ``instance_type`` (carrying ``gpu_count`` ``gpu``, each
+    when given), in every zone."""
+    mask = (offers.provider == provider) & (offers.instance_type == instance_type)
+    if gpu:
+        mask &= offers.gpu == gpu
+    if gpu_count:
+        mask &= offers.gpu_count == gpu_count
+    return mask
 
 
 def tick_hours(settings: Settings | None = None) -> float:

@@ -11,7 +11,7 @@ runner (``broker.services.runner``) carries a move out.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -28,7 +28,7 @@ from broker.services.ledger import job_reserved, job_spent
 from broker.services.metrics import POLICY_PLANS
 from broker.services.plans import ChosenPlan, job_plan
 from broker.services.quoting import Planning
-from broker.services.reservations import finish_on_demand, offer_prices
+from broker.services.reservations import finish_on_demand, offer_prices, shape_mask
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class FleetView:
 
     history: policy.AvailabilityHistory
     refused: set[str]
-    refused_lately: set[str] = field(default_factory=set)
+    refused_lately: set[str]
 
 
 def fleet_view(session: Session, now: datetime) -> FleetView:
@@ -326,17 +326,11 @@ def candidate_zones(
     zone of the provider offering ``instance_type`` (with ``gpu_count`` ``gpu``, when given)
     on spot, cheapest spot first."""
     offers = planning.offers
-    mask = (
-        (offers.provider == provider)
-        & (offers.instance_type == instance_type)
+    rows = np.flatnonzero(
+        shape_mask(offers, provider, instance_type, gpu, gpu_count)
         & (offers.spot_micros_per_hour >= 0)
         & (offers.zone != zone)
     )
-    if gpu:
-        mask &= offers.gpu == gpu
-    if gpu_count:
-        mask &= offers.gpu_count == gpu_count
-    rows = np.flatnonzero(mask)
     order = sorted(rows, key=lambda i: (int(offers.spot_micros_per_hour[i]), str(offers.zone[i])))
     return (zone, *dict.fromkeys(str(offers.zone[i]) for i in order))
 
