@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
-from broker.core.spot_mdp import SpotPlan
+from broker.core.spot_mdp import SOLVER_VERSION, SpotPlan
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 
@@ -58,8 +58,10 @@ class PlanStore(Protocol):
 
 def key_digest(key: Hashable) -> str:
     """A plan key's name, the same in every process (``hash`` of a str is not): the digest of
-    its ``repr`` (keys are tuples of numbers, whose repr is exact)."""
-    return hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
+    its ``repr`` (keys are tuples of numbers, whose repr is exact) with the solver's version,
+    so a plan an older solver saved is not read as this one's."""
+    named = repr((SOLVER_VERSION, key)).encode()
+    return hashlib.blake2b(named, digest_size=16).hexdigest()
 
 
 class PlanCache:

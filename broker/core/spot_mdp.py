@@ -27,6 +27,14 @@ UNREACHABLE = 1e12  # cost of a state that cannot finish by the deadline (finite
 NONE, SPOT, ON_DEMAND = 0, 1, 2  # ``broker.core.policy.Instance`` values
 
 
+# A step idle costs the plan this fraction of a spot step (never billed). Were waiting free,
+# a sliver of risk saved (a fresh window's lower hazard than an old one's, in a chain whose
+# hazard rises with age) would have a plan idle for hours, or drop on-demand to idle, while
+# spot is to hand; the live broker launches a job with spot to hand, and a late start only
+# spends slack a misfitted chain may need.
+IDLE_COST = 0.01
+SOLVER_VERSION = 2  # part of a plan's name (``plan_cache.key_digest``): older plans re-solve
+
 TIE_TOLERANCE = 1e-9  # relative; far above BLAS rounding, far below any real cost difference
 
 
@@ -215,7 +223,7 @@ def solve(
     for t in range(deadline - 1, -1, -1):
         idle1, od1, spot1 = future[t + 1]
         idle_q, od_q, spot_q = future[t + q]
-        wait = p @ ahead(idle1, 1)
+        wait = IDLE_COST * spot + p @ ahead(idle1, 1)
         start_od = q * od + p_q @ ahead(od_q, q)
         start_spot = np.full((b, x, pad), UNREACHABLE)
         value = survive @ (q * spot + ahead(spot_q, q))

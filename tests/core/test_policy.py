@@ -113,11 +113,12 @@ def test_broker_waits_out_outages_its_history_says_are_short_and_not_long_ones()
     long = state(hours_to_deadline=52.0, history=history_of(1.0, 8.0, 0.5))
     assert POLICIES["greedy"](long).action is Action.CONTINUE
     assert POLICIES["broker"](long).action is Action.ON_DEMAND
-    # 0.45 h of slack still covers a tick and an on-demand start (0.2 h): the plan waits on
-    # (greedy's and UP's Safety Net, two restarts, would already pay for on-demand) ...
-    assert POLICIES["greedy"](short.with_(hours_to_deadline=40.45)).action is Action.ON_DEMAND
-    assert POLICIES["broker"](short.with_(hours_to_deadline=40.45)).action is Action.CONTINUE
-    # ... and at the last moment it can wait no longer either way
+    # 0.5 h of slack still covers a tick, a spot start and the on-demand start after it
+    # (0.2 h each): the plan waits on ...
+    assert POLICIES["broker"](short.with_(hours_to_deadline=40.5)).action is Action.CONTINUE
+    # ... with less, a spot start would leave no room to finish on on-demand: waiting buys
+    # nothing, so it starts on-demand now rather than idle to the last moment (IDLE_COST)
+    assert POLICIES["broker"](short.with_(hours_to_deadline=40.45)).action is Action.ON_DEMAND
     assert POLICIES["broker"](short.with_(hours_to_deadline=40.25)).action is Action.ON_DEMAND
 
 
