@@ -6,12 +6,17 @@ import secrets
 import socket
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from broker.core.spot_model import family
+from broker.db.models import SpotModelRow
 from broker.services.plans import ChosenPlan
+from broker.services.quoting import get_planning
+from broker.services.steering import candidate_zones
 from providers.retry import FAST_RETRY
 from providers.storage import S3CheckpointStore
 
@@ -44,6 +49,26 @@ def chosen(where: Mapping[str, Any], price_micros: int) -> ChosenPlan:
         worst_case_cost_micros=price_micros,
         p_deadline=1.0,
     )
+
+
+def steady_spot(session: Any, now: datetime) -> None:
+    """The shared spot model says spot in every zone of SPOT_PLAN's shape holds for many
+    hours at a time (windows of 12 h, outages of 6 min): moving back to spot pays."""
+    shape = family("aws", SPOT_PLAN["instance_type"], SPOT_PLAN["gpu"])
+    zones = candidate_zones(get_planning(), "aws", SPOT_PLAN["instance_type"], SPOT_PLAN["zone"])
+    for zone in zones:
+        session.add(
+            SpotModelRow(
+                provider="aws",
+                zone=zone,
+                family=shape,
+                up_runs=[12.0] * 100,
+                down_runs=[0.1] * 100,
+                prior="test",
+                fitted_at=now,
+            )
+        )
+    session.commit()
 
 
 def fresh_postgres(base_url: str) -> tuple[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -136,8 +136,12 @@ class Runner(Watching):
                 return None
             return row[0]
 
-    def launch(self, job_id: str, market: str | None = None) -> str | None:
-        """Launch the job's next plan (or finish a launch under way); returns the attempt id."""
+    def launch(
+        self, job_id: str, market: str | None = None, exclude_zones: Iterable[str] = ()
+    ) -> str | None:
+        """Launch the job's next plan (or finish a launch under way); returns the attempt id.
+        Zones the job refused lately and ``exclude_zones`` are left out unless nothing else
+        fits."""
         with self._session() as session:
             job = session.get(Job, job_id)
             if job is None or is_terminal(job.status):
@@ -168,7 +172,7 @@ class Runner(Watching):
                     )
                 )
                 return None
-            excluded = refused_zones(session, now, job_id)
+            excluded = refused_zones(session, now, job_id) | set(exclude_zones)
             self.planning.sync(session)
             market = market or market_now(self.planning, session, job, now, self.tick_hours)
             replan = self.planning.plans_for_job(

@@ -48,6 +48,18 @@ class FleetView:
     refused: set[str]
     refused_lately: set[str]
 
+    @property
+    def move_back_excluded(self) -> set[str]:
+        """Zones a running on-demand attempt does not leave for (the policy weighs them as
+        without spot, the launch skips them): refused within ``REFUSED_HOURS``, or within
+        ``MOVE_BACK_HOURS`` and not seen with spot since. Live, the on-demand instance ends
+        before the spot one runs, so a move refused for capacity costs a restart; a new
+        job's launch, which risks nothing, finds spot sooner, as the simulator's observed
+        view shows spot only where it was last seen."""
+        seen = self.history.zones
+        stale = {z for z in self.refused_lately if not (z in seen and seen[z].last_available)}
+        return self.refused | stale
+
 
 def fleet_view(session: Session, now: datetime) -> FleetView:
     """The fleet's view at ``now`` (two queries)."""
@@ -180,28 +192,25 @@ def _back_to_spot(
     tick_hours: float,
     view: FleetView,
 ) -> Steer:
-    """Spot when the policy would leave on-demand for spot (in a zone that has not refused
-    or preempted spot lately, the move paying for the work since the checkpoint) and a spot
-    plan fits what is left."""
+    """Spot when the policy would leave on-demand for spot (in a zone outside
+    ``view.move_back_excluded``, the move paying for the work since the checkpoint) and a
+    spot plan fits what is left outside those zones."""
     if job.market != "auto":
         return "continue"
     state = policy_state(planning, session, job, attempt, now, tick_hours, view)
     if state is None:
         return "continue"
-    # Live, the on-demand instance ends before the spot one runs: a move refused for capacity
-    # costs a restart. So it weighs a zone last seen without spot (refused or preempted)
-    # only once that is MOVE_BACK_HOURS old: a new job's launch, which risks nothing, finds
-    # spot sooner, as the simulator's observed view shows spot only where it was last seen.
-    seen = view.history.zones
-    lately = view.refused_lately
+    excluded = view.move_back_excluded
     last_seen = tuple(
-        obtainable and (zone not in lately or (zone in seen and seen[zone].last_available))
+        obtainable and zone not in excluded
         for zone, obtainable in zip(state.zones, state.spot_obtainable, strict=True)
     )
     if _decide(state.with_(spot_obtainable=last_seen)).action != policy.Action.SPOT:
         return "continue"
-    spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=view.refused)
-    if not _unrefused(spot.choices, view.refused):
+    # The launch skips the excluded zones too (``Runner.launch``'s ``exclude_zones``): a
+    # spot plan must fit outside them.
+    spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=excluded)
+    if not _unrefused(spot.choices, excluded):
         return "continue"
     _log_switch(job, attempt, state, "spot", "policy")
     return "spot"

@@ -10,7 +10,7 @@ cleanup) mixes it in and provides the launch and terminate it calls.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from sqlalchemy import bindparam, or_, update
@@ -87,7 +87,9 @@ class Watching:
     def tick_hours(self) -> float:
         raise NotImplementedError
 
-    def launch(self, job_id: str, market: str | None = None) -> str | None:
+    def launch(
+        self, job_id: str, market: str | None = None, exclude_zones: Iterable[str] = ()
+    ) -> str | None:
         raise NotImplementedError
 
     def _launch_attempt(self, session: Session, job: Job, attempt: Attempt) -> str | None:
@@ -391,10 +393,14 @@ class Watching:
         decision = steer(self.planning, session, job, attempt, now, self.tick_hours, view)
         if decision == "continue":
             return
+        # A move back to spot launches outside the zones the policy weighed as without spot.
+        excluded: set[str] = set()
+        if attempt.market == "on_demand":
+            excluded = (view or fleet_view(session, now)).move_back_excluded
         self._terminate(lifecycle.migrate(session, attempt.id, MOVE_REASONS[decision], now))
         # Launch on the speeds steer checked the new plan with, then learn from the attempt:
         # a short attempt's noisy speed must not turn that plan into a stop.
-        self.launch(job.id, market=decision)
+        self.launch(job.id, market=decision, exclude_zones=excluded)
         calibrate(self.planning, session, attempt.id)
 
     # -- cleaning up ----------------------------------------------------------------------

@@ -15,12 +15,13 @@ from broker.services.launch_request import agent_token
 from broker.services.ledger import job_reserved
 from broker.services.quoting import get_planning
 from broker.services.runner import Runner
+from broker.services.steering import MOVE_BACK_HOURS, REFUSED_HOURS, candidate_zones
 from broker.services.teams import hash_token
 from broker.services.wiring import agent_secret
 from broker.settings import Settings
 from providers.base import InstanceRef, InstanceState, LaunchRequest, TransientError
 from providers.boot import script_exports as exported
-from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen
+from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen, steady_spot
 
 
 class Cloud:
@@ -187,3 +188,45 @@ def test_admissions_launch_of_a_loose_job_starts_a_tighter_waiting_job_first(
     later = submit(budget=1_000_000_013, deadline="2027-09-01T12:00:00Z", market="on_demand")
     hands.launch_urgent_first(later.id)  # nothing waiting is due sooner: only itself
     assert [r.tags["broker-job"] for r in cloud.requests] == [tight.id, loose.id, later.id]
+
+
+def test_a_move_back_to_spot_launches_outside_the_zones_the_policy_ruled_out(
+    session, db_engine, clock, submit
+):
+    steady_spot(session, clock.now())
+    zones = candidate_zones(get_planning(), "aws", SPOT_PLAN["instance_type"], "use1-az1")
+    # Spot refused 1.5 h ago (past REFUSED_HOURS, within MOVE_BACK_HOURS) in every zone of
+    # the shape but the dearest, where another job runs on spot: the policy weighs the
+    # others as without spot, and so must the launch (any other zone, or cloud, may do).
+    dearest, ruled_out = zones[-1], zones[:-1]
+    others = [submit(budget=2_000_000_000 + n) for n in range(3)]
+    there, _ = lifecycle.begin_attempt(
+        session, others[2].id, chosen({**SPOT_PLAN, "zone": dearest}, SPOT_PRICE), clock.now()
+    )
+    lifecycle.launch_succeeded(session, there.id, "i-there", clock.now(), lease_seconds=LEASE)
+    for i, zone in enumerate(ruled_out):
+        plan = chosen({**SPOT_PLAN, "zone": zone}, SPOT_PRICE)
+        refused, _ = lifecycle.begin_attempt(session, others[i % 2].id, plan, clock.now())
+        lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
+    clock.advance(int(3600 * (REFUSED_HOURS + 0.5)))
+    assert REFUSED_HOURS + 0.5 < MOVE_BACK_HOURS
+
+    job = submit()
+    cloud = Cloud()
+    hands = runner(db_engine, cloud, "secret")
+    od, token = lifecycle.begin_attempt(
+        session,
+        job.id,
+        chosen({**SPOT_PLAN, "market": "on_demand"}, 3_060_000),
+        clock.now(),
+        token_for=lambda attempt_id: agent_token("secret", attempt_id, job.deadline),
+    )
+    lifecycle.launch_succeeded(session, od.id, "i-od", clock.now(), lease_seconds=LEASE)
+    clock.advance(900)
+    report_progress(session, od.id, token, 50, f"jobs/{job.id}/ckpt-50", clock.now())
+    hands.observe(od.id)
+
+    session.expire_all()
+    assert session.get(Attempt, od.id).status == "ended" and cloud.terminated == {"i-od"}
+    moved = session.exec(select(Attempt).where(Attempt.job_id == job.id, Attempt.id != od.id)).one()
+    assert moved.market == "spot" and moved.zone not in ruled_out

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from broker.core.spot_model import family
-from broker.db.models import Job, SpotModelRow
+from broker.db.models import Job
 from broker.services import agent_reports, lifecycle
 from broker.services.ledger import book_spend, job_reserved, job_spent
 from broker.services.plans import job_plan
@@ -19,7 +18,7 @@ from broker.services.steering import (
     policy_state,
     steer,
 )
-from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen
+from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen, steady_spot
 
 
 def test_spot_attempt_moves_to_on_demand_when_slack_no_longer_covers_a_restart(
@@ -70,25 +69,6 @@ def _on_demand(session, job, clock):  # type: ignore[no-untyped-def]
     return attempt, token
 
 
-def _steady_spot(session, clock):  # type: ignore[no-untyped-def]
-    """The shared spot model says spot in every zone of SPOT_PLAN's shape holds for many
-    hours at a time (windows of 12 h, outages of 6 min): moving back to spot pays."""
-    shape = family("aws", SPOT_PLAN["instance_type"], SPOT_PLAN["gpu"])
-    for zone in candidate_zones(get_planning(), "aws", SPOT_PLAN["instance_type"], "use1-az1"):
-        session.add(
-            SpotModelRow(
-                provider="aws",
-                zone=zone,
-                family=shape,
-                up_runs=[12.0] * 100,
-                down_runs=[0.1] * 100,
-                prior="test",
-                fitted_at=clock.now(),
-            )
-        )
-    session.commit()
-
-
 def _refuse_spot_everywhere(session, jobs, clock):  # type: ignore[no-untyped-def]
     """Spot launches refused for capacity in every zone of SPOT_PLAN's shape, taking turns
     among ``jobs`` (so none reaches its limit of failed launches in a row)."""
@@ -102,7 +82,7 @@ def _refuse_spot_everywhere(session, jobs, clock):  # type: ignore[no-untyped-de
 def test_on_demand_attempt_moves_back_to_spot_when_the_saving_pays_for_the_lost_work(
     session, clock, submit
 ):
-    _steady_spot(session, clock)
+    steady_spot(session, clock.now())
     job = submit()
     planning = get_planning()
     attempt, token = _on_demand(session, job, clock)
@@ -131,7 +111,7 @@ def test_on_demand_attempt_moves_back_to_spot_when_the_saving_pays_for_the_lost_
 def test_on_demand_attempt_stays_when_spot_was_last_refused_or_the_deadline_is_close(
     session, clock, submit
 ):
-    _steady_spot(session, clock)
+    steady_spot(session, clock.now())
     job = submit()
     planning = get_planning()
     attempt, token = _on_demand(session, job, clock)
@@ -241,7 +221,7 @@ def test_spot_moves_to_on_demand_once_the_reservation_only_covers_finishing_ther
 
 
 def test_on_demand_stays_once_the_reservation_only_covers_finishing_there(session, clock, submit):
-    _steady_spot(session, clock)
+    steady_spot(session, clock.now())
     job = submit()
     planning = get_planning()
     attempt, token = _on_demand(session, job, clock)
@@ -262,7 +242,7 @@ def test_auto_job_planned_on_demand_starts_on_spot_when_the_policy_says_so(sessi
     plan = job_plan(job)
     assert plan is not None and plan.market == "on_demand"
     planning = get_planning()
-    _steady_spot(session, clock)
+    steady_spot(session, clock.now())
     assert market_now(planning, session, job, clock.now(), tick_hours=0.1) == "spot"
     assert planning.plans_for_job(session, job, clock.now(), market="spot").choices
 
