@@ -42,31 +42,48 @@ class FleetView:
     """What every job's decision at one instant shares, read once for a batch of them: spot
     availability as the broker's own attempts saw it (``spot_history``), the zones that
     refused or preempted spot lately (``refused``: within ``REFUSED_HOURS``) and those that
-    did within ``MOVE_BACK_HOURS`` (``refused_lately``)."""
+    did within ``MOVE_BACK_HOURS``, with their (provider, region) (``refused_lately``)."""
 
     history: policy.AvailabilityHistory
     refused: set[str]
-    refused_lately: set[str]
-
-    @property
-    def move_back_excluded(self) -> set[str]:
-        """Zones a running on-demand attempt does not leave for (the policy weighs them as
-        without spot, the launch skips them): refused within ``REFUSED_HOURS``, or within
-        ``MOVE_BACK_HOURS`` and not seen with spot since. Live, the on-demand instance ends
-        before the spot one runs, so a move refused for capacity costs a restart; a new
-        job's launch, which risks nothing, finds spot sooner, as the simulator's observed
-        view shows spot only where it was last seen."""
-        seen = self.history.zones
-        stale = {z for z in self.refused_lately if not (z in seen and seen[z].last_available)}
-        return self.refused | stale
+    refused_lately: dict[str, tuple[str, str]]
 
 
 def fleet_view(session: Session, now: datetime) -> FleetView:
     """The fleet's view at ``now`` (two queries)."""
     last = last_refusals(session, now, MOVE_BACK_HOURS)
     recent = now - timedelta(hours=REFUSED_HOURS)
-    refused = {zone for zone, at in last.items() if at >= recent}
-    return FleetView(spot_history(session, now), refused, set(last))
+    refused = {zone for zone, (at, _) in last.items() if at >= recent}
+    lately = {zone: where for zone, (_, where) in last.items()}
+    return FleetView(spot_history(session, now), refused, lately)
+
+
+def move_back_excluded(planning: Planning, view: FleetView) -> set[str]:
+    """Zones a running on-demand attempt does not leave for (the policy weighs them as
+    without spot, the move's launch skips them): those refused within ``REFUSED_HOURS``,
+    and, unless an attempt has seen spot there since, every zone of a region one of whose
+    zones refused or preempted spot within ``MOVE_BACK_HOURS``.
+
+    Live, the on-demand instance ends before the spot one runs, so a move refused for
+    capacity costs a restart; a new job's launch, which risks nothing, finds spot sooner, as
+    the simulator's observed view shows spot only where it was last seen. A region's zones
+    run out of spot together: in the bundled traces a zone is down 73-95 % of the time
+    another zone of its region is, against 45-90 % of all the time (``docs/architecture.md``).
+    """
+    seen = view.history.zones
+
+    def fresh(zone: str) -> bool:
+        return zone in seen and seen[zone].last_available
+
+    regions = {where for zone, where in view.refused_lately.items() if not fresh(zone)}
+    if not regions:
+        return set(view.refused)
+    offers = planning.offers
+    mask = np.zeros(len(offers), bool)
+    for provider, region in regions:
+        mask |= (offers.provider == provider) & (offers.region == region)
+    siblings = {str(zone) for zone in np.unique(offers.zone[mask])} | set(view.refused_lately)
+    return view.refused | {zone for zone in siblings if not fresh(zone)}
 
 
 def _decide(state: policy.PolicyState) -> policy.Decision:
@@ -193,14 +210,14 @@ def _back_to_spot(
     view: FleetView,
 ) -> Steer:
     """Spot when the policy would leave on-demand for spot (in a zone outside
-    ``view.move_back_excluded``, the move paying for the work since the checkpoint) and a
+    ``move_back_excluded``, the move paying for the work since the checkpoint) and a
     spot plan fits what is left outside those zones."""
     if job.market != "auto":
         return "continue"
     state = policy_state(planning, session, job, attempt, now, tick_hours, view)
     if state is None:
         return "continue"
-    excluded = view.move_back_excluded
+    excluded = move_back_excluded(planning, view)
     last_seen = tuple(
         obtainable and zone not in excluded
         for zone, obtainable in zip(state.zones, state.spot_obtainable, strict=True)
@@ -383,15 +400,17 @@ def refused_zones(
     return set(session.exec(query).all())
 
 
-def last_refusals(session: Session, now: datetime, hours: float) -> dict[str, datetime]:
+def last_refusals(
+    session: Session, now: datetime, hours: float
+) -> dict[str, tuple[datetime, tuple[str, str]]]:
     """Each zone whose spot refused a launch or preempted an instance within ``hours``, with
-    the latest such time."""
+    the latest such time and the zone's (provider, region)."""
     rows = session.exec(
-        select(Attempt.zone, func.max(Attempt.ended_at))
+        select(Attempt.zone, Attempt.provider, Attempt.region, func.max(Attempt.ended_at))
         .where(*_refusals(now, hours), Attempt.market == "spot")
-        .group_by(col(Attempt.zone))
+        .group_by(col(Attempt.zone), col(Attempt.provider), col(Attempt.region))
     ).all()
-    return {zone: at for zone, at in rows if at is not None}
+    return {zone: (at, (provider, region)) for zone, provider, region, at in rows if at is not None}
 
 
 def _refusals(now: datetime, hours: float) -> tuple[ColumnElement[bool], ...]:

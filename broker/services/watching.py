@@ -29,7 +29,7 @@ from broker.services.lifecycle import LAUNCHING, RUNNING, ToTerminate
 from broker.services.metrics import PROVIDER_ERRORS
 from broker.services.quoting import Planning
 from broker.services.spend_control import SpendControls, leases_due
-from broker.services.steering import FleetView, fleet_view, steer
+from broker.services.steering import FleetView, fleet_view, move_back_excluded, steer
 from providers.base import InstanceNotFound, InstanceRef, InstanceState, Provider, TransientError
 
 log = logging.getLogger(__name__)
@@ -396,7 +396,7 @@ class Watching:
         # A move back to spot launches outside the zones the policy weighed as without spot.
         excluded: set[str] = set()
         if attempt.market == "on_demand":
-            excluded = (view or fleet_view(session, now)).move_back_excluded
+            excluded = move_back_excluded(self.planning, view or fleet_view(session, now))
         self._terminate(lifecycle.migrate(session, attempt.id, MOVE_REASONS[decision], now))
         # Launch on the speeds steer checked the new plan with, then learn from the attempt:
         # a short attempt's noisy speed must not turn that plan into a stop.

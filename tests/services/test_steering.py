@@ -13,8 +13,11 @@ from broker.services.quoting import get_planning
 from broker.services.reservations import finish_on_demand, offer_prices
 from broker.services.steering import (
     MOVE_BACK_HOURS,
+    REFUSED_HOURS,
     candidate_zones,
+    fleet_view,
     market_now,
+    move_back_excluded,
     policy_state,
     steer,
 )
@@ -295,3 +298,35 @@ def test_a_shape_s_zones_are_those_offering_its_gpus_on_spot() -> None:
         assert offer_prices(planning, "gcp", other, machine, gpu, count) is not None
     every = candidate_zones(planning, "gcp", machine, zone)
     assert set(zones) <= set(every)
+
+
+def test_a_refusal_keeps_a_move_back_out_of_its_region_until_spot_is_seen_there(
+    session, clock, submit
+):
+    planning = get_planning()
+    refused, _ = lifecycle.begin_attempt(
+        session, submit().id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
+    )
+    lifecycle.launch_failed(session, refused.id, "capacity", clock.now())  # use1-az1
+    clock.advance(int(3600 * (REFUSED_HOURS + 0.5)))
+    zones = candidate_zones(planning, "aws", SPOT_PLAN["instance_type"], "use1-az1")
+    east = {z for z in zones if z.startswith("use1-")}
+    others = set(zones) - east
+    assert len(east) > 1 and others
+    # Past the hour a launch avoids the zone, a move back avoids its whole region: a
+    # region's zones run out of spot together.
+    excluded = move_back_excluded(planning, fleet_view(session, clock.now()))
+    assert east <= excluded and not others & excluded
+    # A zone of it where an attempt has seen spot since is open again; the rest stay closed.
+    seen, _ = lifecycle.begin_attempt(
+        session,
+        submit(budget=2_000_000_000).id,
+        chosen({**SPOT_PLAN, "zone": sorted(east - {"use1-az1"})[0]}, SPOT_PRICE),
+        clock.now(),
+    )
+    lifecycle.launch_succeeded(session, seen.id, "i-seen", clock.now(), lease_seconds=LEASE)
+    excluded = move_back_excluded(planning, fleet_view(session, clock.now()))
+    assert excluded & set(zones) == east - {seen.zone}
+    # Once the refusal is MOVE_BACK_HOURS old, nothing is.
+    clock.advance(int(3600 * (MOVE_BACK_HOURS - REFUSED_HOURS)))
+    assert move_back_excluded(planning, fleet_view(session, clock.now())) == set()
