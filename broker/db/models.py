@@ -84,6 +84,9 @@ class Job(SQLModel, table=True):
     work_done: float = 0.0
     checkpointed_work: float = 0.0
     deadline: datetime = _ts()
+    # The latest start that still meets the deadline on the job's plan (the deadline less the
+    # plan's expected hours): waiting jobs launch in this order, least slack first.
+    start_by: datetime | None = _ts(nullable=True)
     max_cost_micros: int = _micros()
     # Expected cost of the cheapest on-time on-demand plan at admission (the quote's figure,
     # what the reservation is a multiple of).

@@ -133,6 +133,7 @@ def admit(
         market=spec.market,
         total_work=spec.total_work,
         deadline=spec.deadline_at,
+        start_by=spec.deadline_at - timedelta(hours=best.expected_hours),
         max_cost_micros=to_micros(spec.max_cost),
         on_demand_cost_micros=on_demand.expected_cost_micros if on_demand else None,
         on_demand_only_micros=on_demand_only(spec, on_demand, planning.startup_hours),

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from sqlalchemy import ColumnElement, func
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -105,8 +106,9 @@ class Runner(Watching):
     # -- launching ------------------------------------------------------------------------
 
     def launch_urgent_first(self, job_id: str) -> str | None:
-        """Admission's launch of a job: the waiting job with the earliest deadline, when it is
-        due before this one and nothing launches it yet, goes first. Admission enqueues its
+        """Admission's launch of a job: the waiting job with the least slack (the earliest
+        ``Job.start_by``), when it must start before this one and nothing launches it yet,
+        goes first. Admission enqueues its
         launches in submission order; a burst of them (a queue of launches each taking a
         second) would otherwise start a tight job last. Returns this job's attempt id."""
         urgent = self._more_urgent(job_id)
@@ -116,7 +118,7 @@ class Runner(Watching):
 
     def _more_urgent(self, job_id: str) -> str | None:
         """The waiting job, without a live attempt and within the live-attempt limits, with
-        the earliest deadline before ``job_id``'s, if any."""
+        the earliest ``start_by`` before ``job_id``'s, if any."""
         with self._session() as session:
             job = session.get(Job, job_id)
             if job is None:
@@ -126,10 +128,10 @@ class Runner(Watching):
                 select(Job.id, Job.team_id)
                 .where(
                     col(Job.status).in_(WAITING),
-                    col(Job.deadline) < job.deadline,
+                    _start_by() < (job.start_by or job.deadline),
                     col(Job.id).not_in(live),
                 )
-                .order_by(col(Job.deadline), col(Job.id))
+                .order_by(_start_by(), col(Job.id))
                 .limit(1)
             ).first()
             if row is None or not may_launch(self.controls, live_counts(session), row[1]):
@@ -332,8 +334,9 @@ class Runner(Watching):
 
     def due(self) -> TickReport:
         """The attempts to observe (nearest their lease's end first) and the jobs to launch
-        at this tick (earliest deadline first, then id, within the live-attempt limits), so a
-        tight job is not stuck behind loose ones while many start at once."""
+        at this tick (least slack first: the earliest ``Job.start_by``, then id, within the
+        live-attempt limits), so a tight job is not stuck behind loose ones while many start
+        at once."""
         report = TickReport()
         with self._session() as session:
             live = session.exec(
@@ -347,7 +350,7 @@ class Runner(Watching):
             waiting = session.exec(
                 select(Job.id, Job.team_id)
                 .where(col(Job.status).in_(WAITING))
-                .order_by(col(Job.deadline), col(Job.id))
+                .order_by(_start_by(), col(Job.id))
             ).all()
             for job_id, team_id in waiting:
                 if job_id not in busy and may_launch(self.controls, counts, team_id):
@@ -382,3 +385,8 @@ class Runner(Watching):
         return reconcile(
             self.engine, self.providers, min_age_seconds=self.reconcile_min_age_seconds
         )
+
+
+def _start_by() -> ColumnElement[datetime]:
+    """A job's latest on-time start (its deadline for a job admitted before it was kept)."""
+    return func.coalesce(col(Job.start_by), col(Job.deadline))

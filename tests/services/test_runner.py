@@ -3,7 +3,7 @@ launch hands its instance survives a retried launch after a restart (issue 21)."
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlmodel import select
@@ -163,14 +163,29 @@ def test_a_launch_keeps_to_the_reservation_admission_made(session, db_engine, cl
     assert job_reserved(session, job.id) == held
 
 
-def test_a_tick_launches_the_waiting_jobs_earliest_deadline_first(
-    session, db_engine, clock, submit
-):
-    loose = submit(budget=1_000_000_001, deadline="2027-06-01T12:00:00Z")
-    tight = submit(budget=1_000_000_002, deadline="2027-01-10T12:00:00Z")
-    middle = submit(budget=1_000_000_003, deadline="2027-03-01T12:00:00Z")
-    assert loose.id < tight.id < middle.id  # submission order is not deadline order
-    assert runner(db_engine, Cloud(), "secret").due().launch == [tight.id, middle.id, loose.id]
+def test_a_tick_launches_the_waiting_jobs_least_slack_first(session, db_engine, clock, submit):
+    def due_in(hours: float) -> str:
+        return (clock.now() + timedelta(hours=hours)).isoformat()
+
+    loose = submit(budget=1_000_000_001, deadline=due_in(96))
+    tight = submit(budget=1_000_000_002, deadline=due_in(24))
+    middle = submit(budget=1_000_000_003, deadline=due_in(60))
+    # Due last of all, with twenty times the work (40,000 steps take about 5 h, these about
+    # 60 h): it must start before the middle and the loose ones.
+    long = submit(
+        budget=1_000_000_004,
+        deadline=due_in(100),
+        workload={"model": "ResNet-50", "batch_size": 128, "steps": 800_000},
+        max_cost="5000.00",
+    )
+    assert loose.id < tight.id < middle.id < long.id  # submission order is not launch order
+    assert tight.start_by < long.start_by < middle.start_by < loose.start_by
+    assert runner(db_engine, Cloud(), "secret").due().launch == [
+        tight.id,
+        long.id,
+        middle.id,
+        loose.id,
+    ]
 
 
 def test_admissions_launch_of_a_loose_job_starts_a_tighter_waiting_job_first(
