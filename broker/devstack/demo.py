@@ -34,6 +34,7 @@ from broker.client import BrokerApiError, BrokerClient, BrokerUnreachable
 from broker.core.job_status import TERMINAL
 from broker.core.throughput import Workload
 from broker.devstack import demo_market
+from broker.devstack.pacing import cpu_share, starting_scale
 
 EXAMPLES = Path(broker.__file__).resolve().parent.parent / "examples"
 """The folder every demo job runs in (uploaded once per team): ``train.py`` is its program."""
@@ -352,9 +353,16 @@ def run_demo(
     from broker.devstack.stack import EmbeddedStack
 
     folder = data_dir or Path(tempfile.mkdtemp(prefix="broker-demo-"))
+    share = cpu_share()
+    start = starting_scale(scale, share)
+    if start < scale:
+        console.print(
+            f"[yellow]busy machine[/yellow]: a process gets {share:.0%} of a core, so the clock "
+            f"starts at x{start:g}, not x{scale:g} (the demo takes longer, its decisions hold)"
+        )
     started = time.monotonic()
-    console.print(f"Starting the embedded stack in {folder} (clock x{scale:g}) ...")
-    with EmbeddedStack(folder, scale=scale, tick_seconds=1.0, reconcile_seconds=5.0) as stack:
+    console.print(f"Starting the embedded stack in {folder} (clock x{start:g}) ...")
+    with EmbeddedStack(folder, scale=start, tick_seconds=1.0, reconcile_seconds=5.0) as stack:
         console.print(
             f"API {stack.api_url} (docs {stack.api_url}/docs), admin token {stack.admin_token}"
         )
@@ -424,7 +432,7 @@ def run_demo(
             time.sleep(0.5)
             left = stack.running_instances()
         wall = time.monotonic() - started
-        effective = f"x{scale:g} at the start, x{stack.effective_scale:g} at the end"
+        effective = f"x{start:g} at the start, x{stack.effective_scale:g} at the end"
         if stay:
             console.print(
                 f"The dashboard stays up at {stack.api_url}/ui (admin token "

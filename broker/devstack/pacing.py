@@ -23,6 +23,29 @@ log = logging.getLogger(__name__)
 LAG_LOG_KEEP_BYTES = 256 * 1024  # the reader empties the log once it has read this much
 
 
+def cpu_share(probe_seconds: float = 0.3) -> float:
+    """The share of a core this process gets now (0-1]: CPU seconds over wall seconds of a
+    short busy loop. About 1 on a machine with a core to spare; 2/7 beside six CPU-bound
+    processes on two cores."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    while time.perf_counter() - wall0 < probe_seconds:
+        pass
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return min(max(cpu / wall, 0.01), 1.0) if wall > 0 else 1.0
+
+
+def starting_scale(requested: float, share: float, floor: float = 0.125) -> float:
+    """The clock scale to start at on a machine giving a process ``share`` of a core:
+    ``requested`` halved until it fits that share (a share of 0.75 or more keeps it), not
+    below ``floor`` x ``requested``. The pacer lowers the scale when the loop lags, but only
+    after the lag has built up: on a busy machine a demo starting at full speed loses
+    broker-hours in its launch burst before the first lowering."""
+    scale = requested
+    while scale > requested * max(share, floor) / 0.75 and scale / 2 >= requested * floor:
+        scale /= 2
+    return scale
+
+
 def record_lag(path: Path, task: str, delay: float, wall: float | None = None) -> None:
     """Append one task's delay (wall seconds from publish to its end) to the lag log."""
     line = f"{time.time() if wall is None else wall:.3f} {max(delay, 0.0):.3f} {task}\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker.clock import ScheduleClock, read_schedule, start_schedule
-from broker.devstack.pacing import Pacer, record_lag
+from broker.devstack.pacing import Pacer, cpu_share, record_lag, starting_scale
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,3 +116,29 @@ def test_the_tick_counts_the_observations_still_waiting(tmp_path: Path, transpor
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["0", "3", "1"]  # observations and launches apart
     assert "could not count" not in done.stderr
+
+
+def test_a_busy_machine_starts_the_clock_slower() -> None:
+    assert starting_scale(300.0, 1.0) == 300.0
+    assert starting_scale(300.0, 0.8) == 300.0  # a core to spare, give or take
+    assert starting_scale(300.0, 0.6) == 150.0
+    assert starting_scale(300.0, 2 / 7) == 75.0  # beside six CPU-bound processes on two cores
+    assert starting_scale(300.0, 0.01) == 37.5  # not below an eighth
+
+
+def test_a_process_beside_twice_as_many_busy_processes_as_cores_gets_less_than_a_core() -> None:
+    cores = os.cpu_count() or 1
+    if cores > 8:
+        pytest.skip(f"{cores} cores: too many busy processes to start")
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * cores)
+    ]
+    try:
+        time.sleep(0.5)  # the burners are past their start-up
+        share = cpu_share(0.5)
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert 0.0 < share < 0.75  # about cores / (2 x cores + 1)
+    assert starting_scale(300.0, share) < 300.0
