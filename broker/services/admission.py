@@ -124,6 +124,7 @@ def admit(
     if idempotency_key and (job := _existing(session, team_id, idempotency_key, digest)):
         return Admitted(job, False)
     planning = get_planning()
+    chosen = ChosenPlan.from_plan(best)
     job = Job(
         id=new_id("job"),
         team_id=team_id,
@@ -133,11 +134,11 @@ def admit(
         market=spec.market,
         total_work=spec.total_work,
         deadline=spec.deadline_at,
-        start_by=spec.deadline_at - timedelta(hours=best.expected_hours),
+        start_by=chosen.start_by(spec.deadline_at),
         max_cost_micros=to_micros(spec.max_cost),
         on_demand_cost_micros=on_demand.expected_cost_micros if on_demand else None,
         on_demand_only_micros=on_demand_only(spec, on_demand, planning.startup_hours),
-        plan=ChosenPlan.from_plan(best).to_json(),
+        plan=chosen.to_json(),
         priority=spec.priority,
         idempotency_key=idempotency_key,
         request_hash=digest,

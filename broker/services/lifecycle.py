@@ -16,7 +16,7 @@ import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlmodel import Session, col, select
 
@@ -217,7 +217,7 @@ def begin_attempt(
                 raise
     _move(job, JobStatus.PROVISIONING, now)
     job.plan = plan.to_json()
-    job.start_by = job.deadline - timedelta(hours=plan.expected_hours)
+    job.start_by = plan.start_by(job.deadline)
     job.work_done = job.checkpointed_work
     attempt_id = new_id("att")
     token = token_for(attempt_id) if token_for else "att_" + secrets.token_urlsafe(24)

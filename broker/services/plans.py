@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from broker.core.offers import BUNDLED
@@ -60,6 +60,10 @@ class ChosenPlan:
             price_source=str(plan.price_source),
             nodes=int(plan.nodes),
         )
+
+    def start_by(self, deadline: datetime) -> datetime:
+        """The latest start that meets ``deadline`` on this plan (``Job.start_by``)."""
+        return deadline - timedelta(hours=self.expected_hours)
 
     def to_json(self) -> dict[str, Any]:
         """The plan as the ``Job.plan`` column stores it (money as integers, time as ISO)."""

@@ -390,13 +390,15 @@ class Watching:
         """Carry out what ``steering.steer`` decides for a running attempt: keep it, or end it
         and launch the job on the other market."""
         self.planning.sync(session)
+        if view is None and attempt.market == "on_demand" and job.market == "auto":
+            view = fleet_view(session, now)  # read once: steer weighs it, a move's launch too
         decision = steer(self.planning, session, job, attempt, now, self.tick_hours, view)
         if decision == "continue":
             return
         # A move back to spot launches outside the zones the policy weighed as without spot.
         excluded: set[str] = set()
-        if attempt.market == "on_demand":
-            excluded = move_back_excluded(self.planning, view or fleet_view(session, now))
+        if decision == "spot" and view is not None:
+            excluded = move_back_excluded(self.planning, view)
         self._terminate(lifecycle.migrate(session, attempt.id, MOVE_REASONS[decision], now))
         # Launch on the speeds steer checked the new plan with, then learn from the attempt:
         # a short attempt's noisy speed must not turn that plan into a stop.
