@@ -50,6 +50,7 @@ METADATA_OPTIONS = {
 _LISTED_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
 # DescribeInstances: at most 1000 results a page; ids go in an ``instance-id`` filter (an
 # unknown id there is no error, unlike InstanceIds), 100 values a call, under EC2's 200.
+# DescribeInstanceStatus takes at most 100 InstanceIds (and has no instance-id filter).
 PAGE_SIZE = 1000
 IDS_PER_CALL = 100
 _REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
@@ -279,21 +280,52 @@ class AwsProvider:
             logger.info("EC2 instance already gone", extra={"instance_id": ref.instance_id})
 
     def describe_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, InstanceState | None]:
-        """DescribeInstances per region, ``describe_batch`` ids a call; None for an unknown id."""
+        """Per region, DescribeInstanceStatus for ``describe_batch`` ids a call (a small
+        reply: an up instance needs no more), then DescribeInstances for the ids it did not
+        show up (ended, stopping, unknown: their reason tells a preemption apart). An up
+        instance's state has no launch time, tags or market; None for an unknown id."""
         found: dict[InstanceRef, InstanceState | None] = {ref: None for ref in refs}
         by_region: dict[str, dict[str, InstanceRef]] = {}
         for ref in refs:
             by_region.setdefault(ref.region, {})[ref.instance_id] = ref
         for region, wanted in by_region.items():
             ids = sorted(wanted)
+            rest: list[str] = []
             for start in range(0, len(ids), self.describe_batch):
-                values = ids[start : start + self.describe_batch]
-                chunk = [{"Name": "instance-id", "Values": values}]
-                for instance in self._instances(region, chunk):
+                chunk = ids[start : start + self.describe_batch]
+                try:
+                    states = self._statuses(region, chunk)
+                except InstanceNotFound:  # an id EC2 no longer knows fails the whole call
+                    rest.extend(chunk)
+                    continue
+                for instance_id in chunk:
+                    name = states.get(instance_id)
+                    if name in ("pending", "running"):
+                        found[wanted[instance_id]] = InstanceState(name, None, None)
+                    else:
+                        rest.append(instance_id)
+            for start in range(0, len(rest), self.describe_batch):
+                values = rest[start : start + self.describe_batch]
+                chunk_filter = [{"Name": "instance-id", "Values": values}]
+                for instance in self._instances(region, chunk_filter):
                     match = wanted.get(instance["InstanceId"])
                     if match is not None:
                         found[match] = instance_state(instance)
         return found
+
+    def _statuses(self, region: str, ids: list[str]) -> dict[str, str]:
+        """Instance id to state name (``running``, ``terminated``...) from one
+        DescribeInstanceStatus (every state, not only running); ``InstanceNotFound`` when
+        EC2 does not know one of ``ids``."""
+        client = self._client(region)
+        reply = self._call(
+            "DescribeInstanceStatus",
+            lambda: client.describe_instance_status(InstanceIds=ids, IncludeAllInstances=True),
+        )
+        return {
+            item["InstanceId"]: item.get("InstanceState", {}).get("Name", "")
+            for item in reply.get("InstanceStatuses", [])
+        }
 
     def regions(self) -> list[str]:
         """The regions of ``BROKER_AWS_REGIONS``."""

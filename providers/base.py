@@ -116,11 +116,13 @@ class InstanceRef:
 
 @dataclass(frozen=True)
 class InstanceState:
-    """What the cloud says about an instance right now."""
+    """What the cloud says about an instance right now. ``launched_at``, ``tags`` and
+    ``market`` are what the describing call reports: a status-only describe of an up
+    instance (EC2's DescribeInstanceStatus in ``describe_many``) leaves them empty."""
 
     status: InstanceStatus
     reason: str | None
-    launched_at: datetime
+    launched_at: datetime | None
     terminated_at: datetime | None = None
     tags: dict[str, str] = field(default_factory=dict)
     market: Market | None = None

@@ -181,7 +181,7 @@ def reconcile(
         if attempt_id in live:  # every node of a gang carries its attempt's tag
             seen.setdefault(attempt_id, set()).add(instance.instance_id)
             listed_alive[instance.instance_id] = (provider, instance)
-        elif (now - instance.state.launched_at).total_seconds() < min_age_seconds:
+        elif (now - (instance.state.launched_at or now)).total_seconds() < min_age_seconds:
             report.young_unknown.append(instance.instance_id)
         else:
             orphans.append((provider, instance))

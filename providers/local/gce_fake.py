@@ -2,7 +2,8 @@
 
 Instances insert/get/delete/list/aggregatedList, zone operations get/wait/list, zones,
 machine types and accelerator types (per zone and aggregated, as ``gce_catalog.ZoneCatalog``
-says); ``requestId`` deduplication, label filters,
+says); ``requestId`` deduplication, label filters, partial responses (every reply honours the
+``fields`` query parameter or the ``X-Goog-FieldMask`` header, see ``partial_response``),
 Google's JSON errors, spot capacity and preemption (after a notice) from the market, injected
 faults; with ``LocalInstances``, each instance's ``startup-script`` runs as a local process.
 """
@@ -33,6 +34,7 @@ from providers.local.gce_catalog import (
 from providers.local.gce_state import BASE, ApiError, ComputeState, matches_filter
 from providers.local.instances import NOTICE_SECONDS, LocalInstances
 from providers.local.market import MarketReplay
+from providers.local.partial_response import Selection, parse_fields, project
 
 logger = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Any]]
@@ -62,6 +64,19 @@ async def injected_fault(faults: FaultInjector | None) -> JSONResponse | None:
     return None
 
 
+def partial_response(request: Request) -> Selection | None:
+    """The reply's field selection: the ``fields`` system parameter (query ``fields`` or
+    ``$fields``, or header ``X-Goog-FieldMask``), None for the whole resource."""
+    query = request.query_params
+    text = query.get("fields") or query.get("$fields") or request.headers.get("x-goog-fieldmask")
+    if not text or not text.strip():
+        return None
+    try:
+        return parse_fields(text)
+    except ValueError as exc:
+        raise ApiError(400, "invalidParameter", str(exc)) from None
+
+
 def build_app(
     state: ComputeState, faults: FaultInjector | None = None, catalog: ZoneCatalog | None = None
 ) -> Starlette:
@@ -74,7 +89,9 @@ def build_app(
             if failure is not None:
                 return failure
             try:
-                return JSONResponse(await handler(request))
+                selection = partial_response(request)
+                body = await handler(request)
+                return JSONResponse(body if selection is None else project(body, selection))
             except ApiError as exc:
                 return google_error(exc.status, exc.reason, exc.message)
 

@@ -218,6 +218,45 @@ def test_user_termination_is_not_a_preemption(aws: AwsProvider) -> None:
     assert state.reason == "Client.UserInitiatedShutdown"
 
 
+def test_describe_many_asks_only_for_the_status_of_up_instances(
+    local_cloud: LocalCloud, images: dict[str, str]
+) -> None:
+    """The control loop's describe: up instances cost one small DescribeInstanceStatus per
+    ``describe_batch`` ids; only an instance that is not up is described in full, so a user
+    termination keeps its reason, and an id EC2 no longer knows comes back None."""
+    batched = AwsProvider.from_settings(
+        local_cloud.settings(), retry=FAST_RETRY, image_owners=["self"], describe_batch=2
+    )
+    operations: list[str] = []
+    client = batched._client("us-east-1")
+    client.meta.events.register(
+        "before-call.ec2.*", lambda model, **_: operations.append(model.name)
+    )
+    up = [batched.launch(_request()) for _ in range(3)]
+    ended = batched.launch(_request(market="on_demand"))
+    try:
+        batched.terminate(ended)
+        operations.clear()
+        states = batched.describe_many(up)
+        assert [states[ref].status for ref in up] == ["running"] * 3  # type: ignore[union-attr]
+        assert operations == ["DescribeInstanceStatus"] * 2
+
+        operations.clear()
+        gone = dataclasses.replace(ended, instance_id="i-0123456789abcdef0")
+        states = batched.describe_many([ended, gone])
+        assert states[ended] is not None
+        assert (states[ended].status, states[ended].reason) == (
+            "terminated",
+            "Client.UserInitiatedShutdown",
+        )
+        assert states[gone] is None
+        # the unknown id fails its status call; both ids are then described in full
+        assert operations == ["DescribeInstanceStatus", "DescribeInstances"]
+    finally:
+        for ref in up:
+            batched.terminate(ref)
+
+
 def test_the_agent_token_stays_out_of_botocores_debug_logs(
     aws: AwsProvider, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -114,8 +114,10 @@ def test_describe_many_batches_the_calls_and_reports_gone_instances_as_such(
     assert [states[ref].status for ref in running] == ["running", "running"]  # type: ignore[union-attr]
     assert states[ended] is not None and states[ended].status == "terminated"
     assert states[unknown] is None
-    # Four refs, two a call; GCE also reads the zone's operations for each instance not listed.
-    assert served["calls"] == (2 if case.provider.name == "aws" else 4)
+    # Four refs, two a call. EC2: a status call per two ids, then a full describe of those not
+    # shown up (one or two calls: the unknown id fails its pair's status call). GCE also reads
+    # the zone's operations for each instance not listed.
+    assert served["calls"] in ({3, 4} if case.provider.name == "aws" else {4})
 
 
 def test_regions_are_the_configured_ones(case: ProviderCase) -> None:
