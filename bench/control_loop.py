@@ -34,6 +34,7 @@ from broker.clock import ManualClock
 from broker.db.engine import create_schema, make_engine
 from broker.services.quoting import get_planning
 from broker.services.runner import Runner
+from broker.services.wiring import freeze_heap
 from providers.aws import AwsProvider
 from providers.base import Provider
 from providers.gcp import GcpProvider
@@ -92,6 +93,7 @@ def _one_size(args: argparse.Namespace, count: int, folder: Path) -> dict[str, A
                 tick_seconds=TICK_SECONDS,
                 agent_silence_seconds=1e9,  # light instances run no agent
             )
+            freeze_heap()  # as a worker's warm-up does (the local clouds' objects too)
             served = [0]
             decide = cloud.faults.decide
 

@@ -17,7 +17,7 @@ from broker.services.lifecycle import ToTerminate
 from broker.services.metrics import TICK_SECONDS
 from broker.services.price_refresh import refresh
 from broker.services.spot_model import refit
-from broker.services.wiring import get_runner
+from broker.services.wiring import freeze_heap, get_runner
 from broker.settings import get_settings
 from providers.base import TransientError
 from tasks.celery_app import app
@@ -34,6 +34,7 @@ def _warm_up(**_: Any) -> None:
         runner = get_runner()
         with open_session() as session:
             runner.planning.sync(session, force=True)
+        freeze_heap()
     except Exception as error:  # noqa: BLE001 - tasks build what is missing; the worker runs on
         log.warning("worker process not warmed up: %s", error)
 
