@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import String, any_, bindparam, event
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session, create_engine
 
@@ -101,6 +104,17 @@ def is_postgres(session: Session) -> bool:
     """Whether the session talks to PostgreSQL (row locks with FOR UPDATE)."""
     bind = session.get_bind()
     return bind.dialect.name == "postgresql"
+
+
+def one_of(session: Session, column: Any, values: Iterable[str]) -> Any:
+    """``column IN values`` for a batch's string keys. On PostgreSQL the values go as one
+    array parameter (``= ANY(...)``): the statement's text is the same for every batch, so
+    neither SQLAlchemy (an expanding IN is rendered at each execution) nor the driver (which
+    parses each new text) does per-value work; measured at 2-3 ms of CPU a statement for 100
+    values in ``bench/control_loop.py``."""
+    if is_postgres(session):
+        return column == any_(bindparam(None, list(values), type_=ARRAY(String)))
+    return column.in_(list(values))
 
 
 def create_schema(engine: Engine | None = None) -> None:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Protocol
 
 from sqlmodel import Session, col, select
 
@@ -82,20 +83,46 @@ def work_complete(job: Job) -> bool:
 def attempt_instances(session: Session, attempt: Attempt) -> list[ToTerminate]:
     """Every instance an attempt holds, as the instances to terminate when it ends: a gang's
     every launched node (``attempt_node``, rank order), else its one instance if launched."""
-    ids: list[str] = []
-    if attempt.nodes > 1:
-        rows = session.exec(
-            select(AttemptNode)
-            .where(AttemptNode.attempt_id == attempt.id)
-            .order_by(col(AttemptNode.rank))
+    return instances_of(session, [attempt])[attempt.id]
+
+
+class AttemptPlace(Protocol):
+    """What ``instances_of`` reads of an attempt: an ``Attempt``, or a row of its columns."""
+
+    id: str
+    provider: str
+    region: str
+    zone: str
+    instance_id: str | None
+    nodes: int
+
+
+def instances_of(
+    session: Session, attempts: Sequence[AttemptPlace]
+) -> dict[str, list[ToTerminate]]:
+    """``attempt_instances`` for many attempts: one query for every gang's nodes, none for
+    single-node attempts."""
+    nodes: dict[str, list[str]] = {}
+    gangs = [attempt.id for attempt in attempts if attempt.nodes > 1]
+    if gangs:
+        rows = session.execute(
+            select(AttemptNode.attempt_id, AttemptNode.instance_id)
+            .where(col(AttemptNode.attempt_id).in_(gangs))
+            .order_by(col(AttemptNode.attempt_id), col(AttemptNode.rank))
         ).all()
-        ids = [row.instance_id for row in rows if row.instance_id]
-    if attempt.instance_id and attempt.instance_id not in ids:
-        ids.insert(0, attempt.instance_id)
-    return [
-        ToTerminate(attempt.id, attempt.provider, attempt.region, attempt.zone, instance_id)
-        for instance_id in ids
-    ]
+        for attempt_id, instance_id in rows:
+            if instance_id:
+                nodes.setdefault(attempt_id, []).append(instance_id)
+    found: dict[str, list[ToTerminate]] = {}
+    for attempt in attempts:
+        ids = nodes.get(attempt.id, [])
+        if attempt.instance_id and attempt.instance_id not in ids:
+            ids.insert(0, attempt.instance_id)
+        found[attempt.id] = [
+            ToTerminate(attempt.id, attempt.provider, attempt.region, attempt.zone, instance_id)
+            for instance_id in ids
+        ]
+    return found
 
 
 def _end_attempt(

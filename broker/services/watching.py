@@ -18,7 +18,7 @@ from sqlmodel import Session, col, select
 
 from broker import clock
 from broker.core.job_status import JobStatus
-from broker.db.engine import begin_write
+from broker.db.engine import begin_write, one_of
 from broker.db.models import Attempt, Job
 from broker.faults import fault_point
 from broker.services import lifecycle
@@ -39,6 +39,15 @@ MOVE_REASONS = {  # steer's market switches, as the migration reason says them
     "on_demand": "deadline close: moving to on-demand",
 }
 SWEEP_BATCH = 500  # attempts booked per transaction by the lease sweep
+# where a running attempt's instances are (``lifecycle.instances_of``)
+_PLACE = (
+    Attempt.id,
+    Attempt.provider,
+    Attempt.region,
+    Attempt.zone,
+    Attempt.instance_id,
+    Attempt.nodes,
+)
 
 
 _CLAIM = (
@@ -134,26 +143,34 @@ class Watching:
         with self._session() as session:
             if tick is not None:
                 attempt_ids = claim(session, attempt_ids, tick)
-            attempts = session.exec(
-                select(Attempt).where(
-                    col(Attempt.id).in_(list(attempt_ids)), col(Attempt.status) == RUNNING
+            running = session.execute(  # columns, not objects: the batch reads them again
+                select(*_PLACE).where(
+                    one_of(session, Attempt.id, attempt_ids), col(Attempt.status) == RUNNING
                 )
             ).all()
-            for attempt in attempts:
-                for item in lifecycle.attempt_instances(session, attempt):
-                    ref = InstanceRef(item.provider, item.region, item.zone, item.instance_id)
-                    groups.setdefault((item.provider, item.region), []).append(ref)
+            refs = {
+                attempt_id: [
+                    InstanceRef(item.provider, item.region, item.zone, item.instance_id)
+                    for item in items
+                ]
+                for attempt_id, items in lifecycle.instances_of(session, running).items()
+            }
+        for row in running:
+            groups.setdefault((row.provider, row.region), []).extend(refs[row.id])
         known: dict[InstanceRef, InstanceState | None] = {}
         failed: set[tuple[str, str]] = set()
-        for (provider, region), refs in groups.items():
+        for (provider, region), wanted in groups.items():
             try:
-                known.update(self.providers[provider].describe_many(refs))
+                known.update(self.providers[provider].describe_many(wanted))
             except TransientError as error:
                 PROVIDER_ERRORS.labels(provider, "transient").inc()
                 log.info("describe of %s %s failed, next tick: %s", provider, region, error)
                 failed.add((provider, region))
         now = clock.now()  # the batch's decisions stand at the cloud's answer
-        alone = self._decide_batch(attempt_ids, known, failed, now)
+        # a region whose describe failed leaves its running attempts to the next tick
+        skipped = {row.id for row in running if (row.provider, row.region) in failed}
+        observed = [attempt_id for attempt_id in attempt_ids if attempt_id not in skipped]
+        alone = self._decide_batch(observed, refs, known, now)
         for attempt_id in alone:
             self.observe(attempt_id, known=known, skip_regions=failed, observed_at=now)
         return len(groups)
@@ -161,65 +178,47 @@ class Watching:
     def _decide_batch(
         self,
         attempt_ids: Sequence[str],
+        refs: Mapping[str, list[InstanceRef]],
         known: Mapping[InstanceRef, InstanceState | None],
-        failed: set[tuple[str, str]],
         now: datetime,
     ) -> list[str]:
         """Book and decide the batch's common case together; returns the attempts that need
         ``observe`` on their own (launching, instance gone, agent silent, money to top up or
-        a lapsed lease, a describe that did not cover them)."""
-        alone: list[str] = []
-        ready: list[tuple[str, datetime]] = []
+        a lapsed lease, a describe that did not cover them). ``refs``: each running
+        attempt's instances, as the batch described them."""
+
+        def ready(attempt: Attempt) -> bool:  # judged on the row read under the batch's lock
+            up = self._up(refs.get(attempt.id, []), attempt.nodes, known)
+            return up and self._silent(attempt, now) is None
+
+        lookahead = 2 * self.tick_seconds * clock.scale()
         with self._session() as session:
-            rows = session.exec(select(Attempt).where(col(Attempt.id).in_(list(attempt_ids))))
-            attempts = {attempt.id: attempt for attempt in rows.all()}
-            for attempt_id in attempt_ids:
-                attempt = attempts.get(attempt_id)
-                if attempt is None or attempt.status not in (LAUNCHING, RUNNING):
-                    continue
-                if attempt.status == LAUNCHING:
-                    alone.append(attempt_id)
-                elif (attempt.provider, attempt.region) in failed:
-                    continue
-                elif not self._up(session, attempt, known) or self._silent(attempt, now):
-                    alone.append(attempt_id)
-                else:
-                    ready.append((attempt_id, now))
-            lookahead = 2 * self.tick_seconds * clock.scale()
-            booked = accrue_many(session, ready, lookahead, lease_seconds=self.lease_seconds)
-            alone.extend(booked.one_by_one)
+            booked = accrue_many(
+                session,
+                [(attempt_id, now) for attempt_id in attempt_ids],
+                lookahead,
+                lease_seconds=self.lease_seconds,
+                ready=ready,
+            )
             if not booked.booked:
-                return alone
-            settled = set(booked.booked)
-            job_ids = [attempts[attempt_id].job_id for attempt_id in booked.booked]
-            jobs = {  # what the agents reported up to now
-                job.id: job
-                for job in session.exec(
-                    select(Job).where(col(Job.id).in_(job_ids)),
-                    execution_options={"populate_existing": True},
-                ).all()
-            }
+                return booked.one_by_one
+            jobs = booked.jobs  # read under the lock, with what the agents had reported
             # one read of the fleet's spot history for every auto job's decision
             auto = any(job.market == "auto" for job in jobs.values())
             view = fleet_view(session, now) if auto else None
-            for attempt_id in attempt_ids:
-                if attempt_id in settled:
-                    attempt = attempts[attempt_id]
-                    self._decide(session, jobs[attempt.job_id], attempt, now, view)
-        return alone
+            for attempt_id in booked.booked:
+                attempt = booked.attempts[attempt_id]
+                self._decide(session, jobs[attempt.job_id], attempt, now, view)
+        return booked.one_by_one
 
+    @staticmethod
     def _up(
-        self,
-        session: Session,
-        attempt: Attempt,
+        refs: Sequence[InstanceRef],
+        nodes: int,
         known: Mapping[InstanceRef, InstanceState | None],
     ) -> bool:
         """Whether a batch describe saw every instance of a running attempt, all up."""
-        refs = [
-            InstanceRef(item.provider, item.region, item.zone, item.instance_id)
-            for item in lifecycle.attempt_instances(session, attempt)
-        ]
-        if len(refs) < attempt.nodes or any(ref not in known for ref in refs):
+        if len(refs) < nodes or any(ref not in known for ref in refs):
             return False
         return all(
             (state := known[ref]) is not None and state.status not in ("terminated", "preempted")
