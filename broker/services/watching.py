@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
-from sqlalchemy import bindparam, or_, update
+from sqlalchemy import or_, update
 from sqlmodel import Session, col, select
 
 from broker import clock
@@ -50,25 +50,23 @@ _PLACE = (
 )
 
 
-_CLAIM = (
-    update(Attempt)
-    .where(
-        col(Attempt.id).in_(bindparam("ids", expanding=True)),
-        col(Attempt.status).in_((LAUNCHING, RUNNING)),
-        or_(col(Attempt.observed_tick).is_(None), col(Attempt.observed_tick) < bindparam("tick")),
-    )
-    .values(observed_tick=bindparam("tick"))
-    .returning(col(Attempt.id))
-)
-
-
 def claim(session: Session, attempt_ids: Sequence[str], tick: datetime) -> list[str]:
     """The live attempts among ``attempt_ids`` no batch has observed for ``tick`` (or a later
     tick), now claimed for it, in the order given: one statement, committed."""
     if not attempt_ids:
         return []
     begin_write(session)
-    claimed = set(session.execute(_CLAIM, {"ids": list(attempt_ids), "tick": tick}).scalars())
+    statement = (
+        update(Attempt)
+        .where(
+            one_of(session, Attempt.id, attempt_ids),
+            col(Attempt.status).in_((LAUNCHING, RUNNING)),
+            or_(col(Attempt.observed_tick).is_(None), col(Attempt.observed_tick) < tick),
+        )
+        .values(observed_tick=tick)
+        .returning(col(Attempt.id))
+    )
+    claimed = set(session.execute(statement).scalars())
     session.commit()
     return [attempt_id for attempt_id in attempt_ids if attempt_id in claimed]
 
