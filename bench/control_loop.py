@@ -32,9 +32,9 @@ from bench.reconcile import AWS_REGIONS, GCP_ZONES, _populate
 from broker import clock
 from broker.clock import ManualClock
 from broker.db.engine import create_schema, make_engine
+from broker.heap import freeze_heap
 from broker.services.quoting import get_planning
 from broker.services.runner import Runner
-from broker.services.wiring import freeze_heap
 from providers.aws import AwsProvider
 from providers.base import Provider
 from providers.gcp import GcpProvider

@@ -13,11 +13,12 @@ from kombu.exceptions import ChannelError
 from broker import clock
 from broker.db.engine import open_session
 from broker.faults import fault_point
+from broker.heap import freeze_heap
 from broker.services.lifecycle import ToTerminate
 from broker.services.metrics import TICK_SECONDS
 from broker.services.price_refresh import refresh
 from broker.services.spot_model import refit
-from broker.services.wiring import freeze_heap, get_runner
+from broker.services.wiring import get_runner
 from broker.settings import get_settings
 from providers.base import TransientError
 from tasks.celery_app import app

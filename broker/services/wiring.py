@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from functools import lru_cache
 from pathlib import Path
 
@@ -23,16 +22,6 @@ def agent_secret(settings: Settings) -> str:
     if settings.agent_secret is not None:
         return settings.agent_secret.get_secret_value()
     return kept_secret(Path(settings.data_dir) / AGENT_SECRET_FILE)
-
-
-def freeze_heap() -> None:
-    """Move every object alive now (modules, catalogs, the planning's tables, clients) out of
-    the cyclic garbage collector's reach, after a warm-up built them: they live as long as
-    the process, and each full collection rescanned them all. Measured in
-    ``bench/control_loop.py``: a third of a tick's CPU went to collections triggered by the
-    tick's own allocations."""
-    gc.collect()
-    gc.freeze()
 
 
 @lru_cache
