@@ -193,7 +193,7 @@ def accrue_many(
             continue
         seen.add(job.id)
         bill, lease_until = step
-        # one executemany below, not the unit of work's flush; the objects show what it wrote
+        # one statement below, not the unit of work's flush; the objects show what it wrote
         renewals.append(
             {
                 "attempt_id": attempt.id,
