@@ -225,6 +225,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="profile the broker in-process")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument(
+        "--only", choices=("broker", "bare"), help="run one app only (no ratio): for A/B runs"
+    )
+    parser.add_argument(
         "--pg",
         default=os.environ.get(
             "BROKER_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -238,7 +241,7 @@ def main() -> None:
     results = {}
     scratch_dir = tempfile.TemporaryDirectory(prefix="broker-bench-")
     scratch = scratch_dir.name
-    for label in ("broker", "bare"):
+    for label in (args.only,) if args.only else ("broker", "bare"):
         url_db, name = fresh_database(args.pg)
         try:
             if label == "broker":
@@ -278,8 +281,10 @@ def main() -> None:
             f"p99 {r['p99_ms']:6.1f} ms  server CPU {r['server_cpu_ms']:5.2f} ms/req  "
             f"failures {r['failures']}"
         )
-    ratio = results["broker"]["req_per_s"] / results["bare"]["req_per_s"]
-    print(f" ratio: broker / bare insert = {ratio:.2f} (goal >= 0.5; p99 goal <= 100 ms)")
+    ratio = None
+    if len(results) == 2:
+        ratio = results["broker"]["req_per_s"] / results["bare"]["req_per_s"]
+        print(f" ratio: broker / bare insert = {ratio:.2f} (goal >= 0.5; p99 goal <= 100 ms)")
     print(
         json.dumps(
             {

@@ -82,6 +82,20 @@ class Settings(BaseSettings):
         description="Broker seconds an unknown tagged instance lives before reconcile ends it.",
     )
     refresh_prices_seconds: float = Field(default=3600.0, gt=0)
+    api_threads: int = Field(
+        default=8,
+        ge=1,
+        le=200,
+        description="Threads the API runs its database work in (sync routes, authentication "
+        "misses, admission).",
+    )
+    key_check_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="Wall seconds an API process trusts a team key it checked before checking "
+        "it again (a key revoked through another process stops working there within this "
+        "time; 0: every request).",
+    )
     price_check_seconds: float = Field(
         default=2.0,
         ge=0,

@@ -58,11 +58,16 @@ def engine(database_url: str, data_dir: Path) -> Iterator[Engine]:
 
 @pytest.fixture
 def db_engine(engine: Engine) -> Iterator[Engine]:
-    """The engine, with every table emptied after the test."""
+    """The engine, with every table emptied after the test (and the process's planning's
+    copy of the learnt corrections dropped with them)."""
+    from broker.services import quoting
+
     yield engine
     with engine.begin() as connection:
         for table in reversed(SQLModel.metadata.sorted_tables):
             connection.execute(table.delete())
+    if quoting.get_planning.cache_info().currsize:
+        quoting.get_planning().forget_learnt()
 
 
 @pytest.fixture

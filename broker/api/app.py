@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from anyio import to_thread
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.exc import SQLAlchemyError
@@ -45,6 +46,9 @@ def _warm_up() -> None:
 async def _serving(_app: FastAPI) -> AsyncIterator[None]:
     """Startup: the planning built before the first request."""
     await run_in_threadpool(_warm_up)
+    # Sync routes and dependencies share this pool; anyio's default of 40 threads only adds
+    # GIL and lock contention on a pool whose work is CPU-bound Python.
+    to_thread.current_default_thread_limiter().total_tokens = get_settings().api_threads
     yield
 
 

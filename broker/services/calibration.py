@@ -76,6 +76,7 @@ def calibrate(planning: Planning, session: Session, attempt_id: str) -> float | 
     row.updated_at = attempt.ended_at
     session.add(row)
     session.commit()
+    planning.forget_learnt()
     log.info(
         "throughput calibrated",
         extra={"model": model_name, "gpu": key, "factor": round(row.factor, 4)},

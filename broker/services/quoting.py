@@ -128,6 +128,7 @@ class Planning:
             None,
             {},
         )
+        self._learnt: tuple[float, dict[tuple[str, str], float]] | None = None
 
     def sync(self, session: Session, *, force: bool = False) -> bool:
         """Lay prices stored since the last sync over ``offers``, and the shared spot
@@ -162,6 +163,22 @@ class Planning:
                 self.offers = offers.replace(spot_risk=spot_model.risk(session, offers))
                 self.spot_version, changed = fitted, True
             return changed
+
+    def learnt(self, session: Session) -> dict[tuple[str, str], float]:
+        """The learnt throughput corrections (``corrections``), read again at most once per
+        ``price_check_seconds`` (wall), as prices are; ``forget_learnt`` drops the copy."""
+        interval = (self.settings or get_settings()).price_check_seconds
+        kept = self._learnt
+        if kept is not None and interval > 0 and time.monotonic() - kept[0] < interval:
+            return kept[1]
+        read_at = time.monotonic()
+        learnt = corrections(session)
+        self._learnt = (read_at, learnt)
+        return learnt
+
+    def forget_learnt(self) -> None:
+        """Read the corrections again on next use (this process just changed one)."""
+        self._learnt = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Planning:
@@ -308,7 +325,7 @@ class Planning:
             return Replan([], "budget_exhausted", "no budget left for another attempt")
         market = market or job.market
         work_left = job.total_work - job.checkpointed_work
-        learnt = corrections(session)
+        learnt = self.learnt(session)
         plans = self.quote(
             spec,
             now,
@@ -334,7 +351,7 @@ class Planning:
         learnt corrections."""
         spec = JobSpec.model_validate(job.spec)
         workload = Workload.from_mapping(spec.workload.model_dump(exclude_none=True))
-        model = self._model(corrections(session))
+        model = self._model(self.learnt(session))
         rate = model.work_per_hour(
             workload, np.array([gpu]), np.array([count]), nodes=np.array([nodes])
         )
@@ -395,7 +412,7 @@ def quote_job(
     check_size(planning, spec)
     if session is not None:
         planning.sync(session)
-    learnt = corrections(session) if session is not None else None
+    learnt = planning.learnt(session) if session is not None else None
     plans = planning.quote(spec, now, learnt=learnt, top_n=top_n)
     if not plans.plans:
         reason = plans.infeasible_reason

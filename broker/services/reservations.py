@@ -25,7 +25,7 @@ from broker.db.models import Job
 from broker.services.billing import MIN_BILLED_SECONDS
 from broker.services.job_spec import JobSpec
 from broker.services.plans import ChosenPlan
-from broker.services.quoting import Planning, corrections, job_spec
+from broker.services.quoting import Planning, job_spec
 from broker.settings import Settings, get_settings
 
 
@@ -78,7 +78,7 @@ def fallback(planning: Planning, session: Session, job: Job, start: datetime) ->
     plans = planning.quote(
         job_spec(job),
         start,
-        learnt=corrections(session),
+        learnt=planning.learnt(session),
         work_left=job.total_work - job.checkpointed_work,
         market="on_demand",
         top_n=1,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -42,18 +44,79 @@ _KEY_BY_HASH = select(ApiKey.team_id, ApiKey.token_hash, ApiKey.revoked_at).wher
 )
 
 
+class TrustedKeys:
+    """Team keys this process found live in the last ``seconds`` (wall): their digest and
+    team, so that a busy client's requests do not each read its key.
+
+    Only live keys are kept; a revocation through this process forgets its key at once, and
+    for good (a check that read the key just before the revocation cannot trust it again).
+    """
+
+    MAX_ENTRIES = 10_000
+
+    def __init__(self) -> None:
+        self._keys: dict[str, tuple[str, float]] = {}  # digest -> (team_id, checked at)
+        self._revoked: set[str] = set()  # revocation is final; this process's are few
+        self._lock = threading.Lock()
+
+    def team(self, digest: str, seconds: float) -> str | None:
+        """The team of a key checked less than ``seconds`` ago, else None."""
+        entry = self._keys.get(digest)
+        if entry is None or time.monotonic() - entry[1] >= seconds:
+            return None
+        return entry[0]
+
+    def trust(self, digest: str, team_id: str) -> None:
+        """Remember a key found live just now (unless this process revoked it)."""
+        with self._lock:
+            if digest in self._revoked:
+                return
+            if len(self._keys) >= self.MAX_ENTRIES:
+                self._keys.clear()
+            self._keys[digest] = (team_id, time.monotonic())
+
+    def forget(self, digest: str, *, revoked: bool = False) -> None:
+        """Stop trusting a key; ``revoked``: never trust it again."""
+        with self._lock:
+            self._keys.pop(digest, None)
+            if revoked:
+                self._revoked.add(digest)
+
+
+TRUSTED_KEYS = TrustedKeys()
+
+
+def _admin(token: str, admin_token: str | None) -> bool:
+    return bool(admin_token) and hmac.compare_digest(token.encode(), str(admin_token).encode())
+
+
+def trusted_principal(
+    token: str, admin_token: str | None, trust_seconds: float
+) -> Principal | None:
+    """The admin, or a team whose key this process checked less than ``trust_seconds`` ago;
+    None when the token needs ``authenticate`` (no I/O here)."""
+    if _admin(token, admin_token):
+        return Principal(team_id=None)
+    if trust_seconds <= 0 or not token.startswith(KEY_PREFIX):
+        return None
+    team_id = TRUSTED_KEYS.team(hash_token(token), trust_seconds)
+    return Principal(team_id=team_id) if team_id is not None else None
+
+
 def authenticate(session: Session, token: str, admin_token: str | None) -> Principal | None:
     """The principal a bearer token stands for, or None when it is unknown or revoked."""
-    if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
+    if _admin(token, admin_token):
         return Principal(team_id=None)
     if not token.startswith(KEY_PREFIX):
         return None
     digest = hash_token(token)
     key = session.execute(_KEY_BY_HASH, {"digest": digest}).first()
     if key is None or key.revoked_at is not None:
+        TRUSTED_KEYS.forget(digest)
         return None
     if not hmac.compare_digest(key.token_hash, digest):
         return None
+    TRUSTED_KEYS.trust(digest, key.team_id)
     return Principal(team_id=key.team_id)
 
 
@@ -161,3 +224,4 @@ def revoke_key(session: Session, team_id: str, key_id: str, now: datetime) -> No
         key.revoked_at = now
         session.add(key)
         session.commit()
+    TRUSTED_KEYS.forget(key.token_hash, revoked=True)

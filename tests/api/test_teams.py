@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
 
 def test_admin_creates_team_with_budget(client, admin_headers):
     body = {"name": "vision", "budget": {"limit": "500.00", "period": "month", "alert_at": 0.75}}
@@ -116,3 +120,81 @@ def test_key_for_missing_team_is_not_found(client, admin_headers):
     response = client.post("/v1/teams/team_missing/keys", json={"name": "k"}, headers=admin_headers)
     assert response.status_code == 404
     assert response.json()["detail"]["code"] == "not_found"
+
+
+def _revoke_elsewhere(db_engine, key_id: str) -> None:
+    """Revoke a key as another API process would: in the database, not through this one."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import update
+
+    from broker.db.models import ApiKey
+
+    with db_engine.begin() as connection:
+        connection.execute(
+            update(ApiKey).where(ApiKey.id == key_id).values(revoked_at=datetime.now(UTC))
+        )
+
+
+@pytest.fixture
+def key_check(monkeypatch):
+    """Set BROKER_KEY_CHECK_SECONDS for one test."""
+    from broker.settings import get_settings
+
+    def _set(seconds: float) -> None:
+        monkeypatch.setenv("BROKER_KEY_CHECK_SECONDS", str(seconds))
+        get_settings.cache_clear()
+
+    yield _set
+    monkeypatch.undo()
+    get_settings.cache_clear()
+
+
+def test_a_key_revoked_by_another_process_stops_within_the_check_interval(
+    client, admin_headers, make_team, db_engine, key_check
+):
+    key_check(0.5)
+    team, _ = make_team()
+    created = client.post(
+        f"/v1/teams/{team['id']}/keys", json={"name": "k"}, headers=admin_headers
+    ).json()
+    headers = {"Authorization": f"Bearer {created['token']}"}
+    assert client.get("/v1/budget", headers=headers).status_code == 200
+    checked = time.monotonic()
+    _revoke_elsewhere(db_engine, created["id"])
+    # This process checked the key less than key_check_seconds ago: it trusts it without a
+    # query, so it has not seen the revocation yet...
+    if time.monotonic() - checked < 0.4:
+        assert client.get("/v1/budget", headers=headers).status_code == 200
+    time.sleep(max(0.0, 0.5 - (time.monotonic() - checked)) + 0.05)
+    # ...and reads it again once that time is up.
+    assert client.get("/v1/budget", headers=headers).status_code == 401
+    assert client.get("/v1/budget", headers=headers).status_code == 401
+
+
+def test_with_no_check_interval_every_request_reads_the_key(
+    client, admin_headers, make_team, db_engine, key_check
+):
+    key_check(0)
+    team, _ = make_team()
+    created = client.post(
+        f"/v1/teams/{team['id']}/keys", json={"name": "k"}, headers=admin_headers
+    ).json()
+    headers = {"Authorization": f"Bearer {created['token']}"}
+    assert client.get("/v1/budget", headers=headers).status_code == 200
+    _revoke_elsewhere(db_engine, created["id"])
+    assert client.get("/v1/budget", headers=headers).status_code == 401
+
+
+def test_a_key_this_process_revoked_is_never_trusted_again():
+    """A check that read the key live just before this process revoked it cannot trust it
+    afterwards (the request and the revocation ran in two threads)."""
+    from broker.services.teams import TrustedKeys
+
+    keys = TrustedKeys()
+    keys.trust("digest", "team_a")
+    assert keys.team("digest", 60) == "team_a"
+    keys.forget("digest", revoked=True)
+    keys.trust("digest", "team_a")  # the late check's result
+    assert keys.team("digest", 60) is None
+    assert keys.team("digest", 0) is None

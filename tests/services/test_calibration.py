@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
@@ -60,3 +61,40 @@ def test_a_gang_s_speed_is_learnt_apart_from_one_machine_s(session, clock, submi
     assert session.get(ThroughputCorrection, (model, "V100")) is None
     assert planning.rate(session, job, "V100", 1) == pytest.approx(one)
     assert planning.rate(session, job, "V100", 1, nodes=4) == pytest.approx(predicted * factor)
+
+
+def test_a_correction_learnt_elsewhere_reaches_quotes_within_the_price_check(
+    session, clock, db_engine
+):
+    """Each process reads the corrections with its price check, not on every quote; one
+    that calibrates drops its copy at once."""
+    from sqlmodel import Session as Other
+
+    from broker.services.quoting import Planning
+    from broker.settings import get_settings
+
+    planning = Planning.from_settings(
+        get_settings().model_copy(update={"price_check_seconds": 0.5})
+    )
+    assert planning.learnt(session) == {}
+    read = time.monotonic()
+    with Other(db_engine) as other:  # another worker's calibration
+        other.add(
+            ThroughputCorrection(
+                model="ResNet-50", gpu="V100", factor=0.5, observations=1, updated_at=clock.now()
+            )
+        )
+        other.commit()
+    session.rollback()  # end this session's read transaction, as a request's end does
+    if time.monotonic() - read < 0.4:
+        assert planning.learnt(session) == {}
+    time.sleep(max(0.0, 0.5 - (time.monotonic() - read)) + 0.05)
+    assert planning.learnt(session) == {("ResNet-50", "V100"): 0.5}
+    with Other(db_engine) as other:
+        row = other.get(ThroughputCorrection, ("ResNet-50", "V100"))
+        assert row is not None
+        row.factor = 0.25
+        other.commit()
+    session.rollback()
+    planning.forget_learnt()  # what calibrate does after its commit
+    assert planning.learnt(session) == {("ResNet-50", "V100"): 0.25}
