@@ -89,6 +89,13 @@ class Settings(BaseSettings):
         description="Threads the API runs its database work in (sync routes, authentication "
         "misses, admission).",
     )
+    launch_batch_seconds: float = Field(
+        default=0.02,
+        ge=0,
+        le=5,
+        description="Wall seconds the API gathers admitted jobs' launches into one task "
+        "(0: one task per job, published in the request).",
+    )
     key_check_seconds: float = Field(
         default=1.0,
         ge=0,

@@ -51,6 +51,7 @@ PACED_TASKS = {
     "tasks.control_loop.observe": "observe",
     "tasks.control_loop.observe_batch": "observe",
     "tasks.control_loop.launch": "launch",
+    "tasks.control_loop.launch_many": "launch",
 }
 
 

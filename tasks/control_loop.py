@@ -53,6 +53,18 @@ def launch(job_id: str, market: str | None = None) -> str | None:
     return attempt_id
 
 
+@app.task
+def launch_many(job_ids: list[str]) -> int:
+    """Admission's launches of the jobs admitted in one short window (``dispatch``); a job
+    whose launch met a transient cloud error gets a ``launch`` task of its own, which
+    retries with backoff. Returns how many did."""
+    retry = get_runner().launch_admitted([str(job_id) for job_id in job_ids])
+    for job_id in retry:
+        launch.delay(job_id)
+    fault_point("before_ack")
+    return len(retry)
+
+
 @app.task(autoretry_for=(TransientError,), retry_backoff=True, max_retries=5)
 def terminate(instances: list[dict[str, str]]) -> int:
     """Terminate the instances of attempts that ended (e.g. on cancel)."""

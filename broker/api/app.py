@@ -28,7 +28,7 @@ from broker.api.routes import (
 )
 from broker.api.ui_security import DashboardHeaders
 from broker.db.engine import open_session
-from broker.services import quoting
+from broker.services import dispatch, quoting
 from broker.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ async def _serving(_app: FastAPI) -> AsyncIterator[None]:
     # GIL and lock contention on a pool whose work is CPU-bound Python.
     to_thread.current_default_thread_limiter().total_tokens = get_settings().api_threads
     yield
+    await run_in_threadpool(dispatch.flush_launches, 5.0)  # the last window's launches
 
 
 def create_app() -> FastAPI:

@@ -116,6 +116,19 @@ class Runner(Watching):
             self.launch(urgent)
         return self.launch(job_id)
 
+    def launch_admitted(self, job_ids: Iterable[str]) -> list[str]:
+        """Admission's launches of several jobs (``launch_urgent_first`` each, in order); a
+        transient cloud error stops only its job's launch. Returns those jobs' ids, for a
+        retry of their own."""
+        retry = []
+        for job_id in job_ids:
+            try:
+                self.launch_urgent_first(job_id)
+            except TransientError as error:
+                log.warning("launch failed, will retry: %s", error, extra={"job_id": job_id})
+                retry.append(job_id)
+        return retry
+
     def _more_urgent(self, job_id: str) -> str | None:
         """The waiting job, without a live attempt and within the live-attempt limits, with
         the earliest ``start_by`` before ``job_id``'s, if any."""

@@ -351,6 +351,7 @@ def test_a_job_whose_launch_cannot_be_enqueued_is_admitted_and_the_next_tick_lau
     try:
         with caplog.at_level("WARNING", logger="broker.services.dispatch"):
             response = client.post("/v1/jobs", json=job_spec(), headers=headers)
+            assert dispatch.flush_launches()
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()

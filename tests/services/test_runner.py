@@ -245,3 +245,17 @@ def test_a_move_back_to_spot_launches_outside_the_zones_the_policy_ruled_out(
     assert session.get(Attempt, od.id).status == "ended" and cloud.terminated == {"i-od"}
     moved = session.exec(select(Attempt).where(Attempt.job_id == job.id, Attempt.id != od.id)).one()
     assert moved.market == "spot" and moved.zone not in ruled_out
+
+
+def test_admissions_batched_launches_go_on_past_a_transient_error(
+    session, db_engine, clock, submit
+):
+    first = submit(budget=1_000_000_021, market="on_demand")
+    second = submit(budget=1_000_000_022, market="on_demand")
+    cloud = Cloud()
+    cloud.fail_next = True  # the first job's launch: the cloud did not answer
+    hands = runner(db_engine, cloud, "secret")
+    assert hands.launch_admitted([first.id, second.id]) == [first.id]
+    assert [r.tags["broker-job"] for r in cloud.requests] == [second.id]
+    assert hands.launch_admitted([first.id]) == []  # its retry: the same attempt, launched
+    assert [r.tags["broker-job"] for r in cloud.requests] == [second.id, first.id]

@@ -61,8 +61,8 @@ async def submit_job(
         admitted = admission.admit(session, team_id, spec, now, idempotency_key)
         if not admitted.created:
             return job_out(queries.job_view(session, team_id, admitted.job.id)), False
-        # Published from this thread: a background task would cost the event loop one more
-        # thread hop per job.
+        # Handed to the launch publisher's thread (batched, off the request path) from here:
+        # a background task would cost the event loop one more thread hop per job.
         dispatch.enqueue_launch(admitted.job.id)
         return job_out(queries.new_job_view(admitted.job, reserved=admitted.reserved)), True
 
