@@ -211,9 +211,12 @@ def main() -> None:
                 late = 0
                 missed_jobs: list[dict[str, float]] = []
                 missed_ends: Counter[str] = Counter()
+                by_market: Counter[str] = Counter()
+                missed_by_market: Counter[str] = Counter()
                 failed_why: Counter[str] = Counter()
                 for job in session.exec(select(Job)).all():
                     statuses[job.status] = statuses.get(job.status, 0) + 1
+                    by_market[job.market] += 1
                     attempts = session.exec(select(Attempt).where(Attempt.job_id == job.id)).all()
                     if job.status == "failed":
                         failed_why[
@@ -224,6 +227,7 @@ def main() -> None:
                     if deadline_met(job.status, job.completed_at, job.deadline) is False:
                         late += 1
                         missed_jobs.append(why_missed(job, attempts))
+                        missed_by_market[job.market] += 1
                         missed_ends.update(a.end_reason or a.status for a in attempts)
                     booked = job_spent(session, job.id)
                     billed = sum(
@@ -248,6 +252,10 @@ def main() -> None:
         "jobs_finished": finished,
         "statuses": statuses,
         "deadline_missed": late,
+        # a spot-only job cannot fall back to on-demand: its misses are the market's; an
+        # auto job's could be the broker's
+        "jobs_by_market": dict(by_market),
+        "deadline_missed_by_market": dict(missed_by_market),
         "wall_seconds": round(wall, 1),
         "jobs_per_wall_minute": round(finished / wall * 60, 1),
         "tick_p50_s": histogram_quantile(metrics, "broker_tick_seconds", "tick", 0.5),
@@ -278,6 +286,10 @@ def main() -> None:
     print(f"jobs finished: {finished} of {submitted} ({refused} refused) in {wall:.0f} s")
     print(f"  statuses: {statuses}; deadline missed (finished late or not at all): {late}")
     if missed_jobs:
+        print(
+            "  missed by market (of jobs): "
+            + ", ".join(f"{m} {missed_by_market[m]} of {n}" for m, n in sorted(by_market.items()))
+        )
         print(f"  the missed jobs' medians (broker hours): {figures['missed_median']}")
         print(f"  how their attempts ended: {figures['missed_attempt_ends']}")
     if failed_why:
