@@ -89,13 +89,19 @@ def test_key_token_shown_once_and_works(client, admin_headers, make_team):
     assert token not in listed
 
 
-def test_revoked_key_stops_working_at_once(client, admin_headers, make_team):
+def _working_key(client, admin_headers, make_team):
+    """A new team and a second key of it, shown to work: (team, key json, its headers)."""
     team, _ = make_team()
     created = client.post(
         f"/v1/teams/{team['id']}/keys", json={"name": "k"}, headers=admin_headers
     ).json()
     headers = {"Authorization": f"Bearer {created['token']}"}
     assert client.get("/v1/budget", headers=headers).status_code == 200
+    return team, created, headers
+
+
+def test_revoked_key_stops_working_at_once(client, admin_headers, make_team):
+    team, created, headers = _working_key(client, admin_headers, make_team)
     revoked = client.delete(f"/v1/teams/{team['id']}/keys/{created['id']}", headers=admin_headers)
     assert revoked.status_code == 204
     assert client.get("/v1/budget", headers=headers).status_code == 401
@@ -154,12 +160,7 @@ def test_a_key_revoked_by_another_process_stops_within_the_check_interval(
     client, admin_headers, make_team, db_engine, key_check
 ):
     key_check(0.5)
-    team, _ = make_team()
-    created = client.post(
-        f"/v1/teams/{team['id']}/keys", json={"name": "k"}, headers=admin_headers
-    ).json()
-    headers = {"Authorization": f"Bearer {created['token']}"}
-    assert client.get("/v1/budget", headers=headers).status_code == 200
+    team, created, headers = _working_key(client, admin_headers, make_team)
     checked = time.monotonic()
     _revoke_elsewhere(db_engine, created["id"])
     # This process checked the key less than key_check_seconds ago: it trusts it without a
@@ -176,12 +177,7 @@ def test_with_no_check_interval_every_request_reads_the_key(
     client, admin_headers, make_team, db_engine, key_check
 ):
     key_check(0)
-    team, _ = make_team()
-    created = client.post(
-        f"/v1/teams/{team['id']}/keys", json={"name": "k"}, headers=admin_headers
-    ).json()
-    headers = {"Authorization": f"Bearer {created['token']}"}
-    assert client.get("/v1/budget", headers=headers).status_code == 200
+    team, created, headers = _working_key(client, admin_headers, make_team)
     _revoke_elsewhere(db_engine, created["id"])
     assert client.get("/v1/budget", headers=headers).status_code == 401
 
