@@ -33,7 +33,10 @@ def queue_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object
 
 
 def _sent() -> list[tuple[str, object]]:
-    """(task name, args) of every message waiting in the configured queue, in order."""
+    """(task name, args) of every message waiting in the configured queue, sorted.
+
+    Sorted because kombu's file-system queue orders messages by a millisecond stamp and
+    then a random uuid: two published in the same millisecond come back in either order."""
     settings = get_settings()
     sent = []
     with Connection(
@@ -51,7 +54,7 @@ def _sent() -> list[tuple[str, object]]:
             sent.append((message.headers["task"], args))
             message.ack()
         queue.close()
-    return sent
+    return sorted(sent, key=repr)
 
 
 def test_launches_admitted_in_one_window_go_as_one_task_per_eight_jobs(queue_in) -> None:
