@@ -9,6 +9,7 @@ and GCP, spot or auto) are submitted through the REST API, keeping at most
 ``--in-flight`` unfinished. Prints, then one JSON line last:
 
 - simulated jobs finished per wall-clock minute;
+- broker hours from a job's submission to its first launch attempt (p50, p90);
 - job statuses, and how many jobs missed their deadline (``deadline_met`` false);
 - p50 / p99 duration of a tick, of an observe and of an observe batch (the workers'
   /metrics histogram);
@@ -102,6 +103,9 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1200.0)
     parser.add_argument("--embedded", action="store_true", help="SQLite + file transport")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the database and the stack's folder to study"
+    )
     args = parser.parse_args()
 
     from sqlalchemy import func
@@ -196,6 +200,7 @@ def main() -> None:
                     last_report = now
                 time.sleep(1.0)
             wall = time.monotonic() - started
+            effective_scale = stack.effective_scale
             metrics = admin.metrics()
             api.close()
             admin.close()
@@ -214,6 +219,7 @@ def main() -> None:
                 by_market: Counter[str] = Counter()
                 missed_by_market: Counter[str] = Counter()
                 failed_why: Counter[str] = Counter()
+                first_tries: list[float] = []  # broker hours from submission to first launch
                 for job in session.exec(select(Job)).all():
                     statuses[job.status] = statuses.get(job.status, 0) + 1
                     by_market[job.market] += 1
@@ -229,6 +235,11 @@ def main() -> None:
                         missed_jobs.append(why_missed(job, attempts))
                         missed_by_market[job.market] += 1
                         missed_ends.update(a.end_reason or a.status for a in attempts)
+                    if attempts:
+                        first_tries.append(
+                            (min(a.created_at for a in attempts) - job.created_at).total_seconds()
+                            / 3600
+                        )
                     booked = job_spent(session, job.id)
                     billed = sum(
                         cost_micros(a.price_micros_per_hour, a.billed_seconds) for a in attempts
@@ -240,7 +251,9 @@ def main() -> None:
                             if abs(max(ran, 60.0) - a.billed_seconds) > 1e-6:
                                 billing_mismatch += 1
     finally:
-        if created:
+        if args.keep:
+            print(f"kept: database {database_url or 'SQLite'}, folder {folder}")
+        elif created:
             drop_postgres(os.environ.get("BROKER_TEST_DATABASE_URL", PG), created)
 
     finished = len(ids)
@@ -256,6 +269,11 @@ def main() -> None:
         # auto job's could be the broker's
         "jobs_by_market": dict(by_market),
         "deadline_missed_by_market": dict(missed_by_market),
+        # broker hours from a job's submission to its first launch attempt
+        "first_launch_h_p50": round(statistics.median(first_tries), 2) if first_tries else None,
+        "first_launch_h_p90": round(statistics.quantiles(first_tries, n=10)[-1], 2)
+        if len(first_tries) > 1
+        else None,
         "wall_seconds": round(wall, 1),
         "jobs_per_wall_minute": round(finished / wall * 60, 1),
         "tick_p50_s": histogram_quantile(metrics, "broker_tick_seconds", "tick", 0.5),
@@ -281,6 +299,8 @@ def main() -> None:
         "faults_injected": injected,
         "workers": args.workers,
         "scale": args.scale,
+        # the embedded stack slows its clock while the control loop lags (never speeds up)
+        "scale_at_end": effective_scale,
         "instances": "light (in-process)",
     }
     print(f"jobs finished: {finished} of {submitted} ({refused} refused) in {wall:.0f} s")
@@ -294,6 +314,10 @@ def main() -> None:
         print(f"  how their attempts ended: {figures['missed_attempt_ends']}")
     if failed_why:
         print(f"  why jobs failed: {figures['failed_reasons']}")
+    print(
+        f"  first launch after submission (broker hours): p50 {figures['first_launch_h_p50']}, "
+        f"p90 {figures['first_launch_h_p90']}"
+    )
     print(f"  simulated jobs per wall-clock minute: {figures['jobs_per_wall_minute']}")
     print(f"  tick p50/p99: {figures['tick_p50_s']} / {figures['tick_p99_s']} s (bucket bounds)")
     print(
@@ -319,6 +343,7 @@ def main() -> None:
     print(f"  ledger vs billed seconds x price: {ledger_gap} micro-USD apart")
     print(f"  attempts billed other than their run time: {billing_mismatch}")
     print(f"  cloud faults injected: {injected}")
+    print(f"  clock: x{args.scale:g} asked, x{effective_scale:g} at the end")
     print(json.dumps(figures))
 
 

@@ -59,7 +59,7 @@ def engine(database_url: str, data_dir: Path) -> Iterator[Engine]:
 @pytest.fixture
 def db_engine(engine: Engine) -> Iterator[Engine]:
     """The engine, with every table emptied after the test (and the process's planning's
-    copy of the learnt corrections dropped with them)."""
+    copies of the learnt corrections and the spot model's histories dropped with them)."""
     from broker.services import quoting
 
     yield engine
@@ -68,6 +68,7 @@ def db_engine(engine: Engine) -> Iterator[Engine]:
             connection.execute(table.delete())
     if quoting.get_planning.cache_info().currsize:
         quoting.get_planning().forget_learnt()
+        quoting.get_planning().forget_spot_histories()
 
 
 @pytest.fixture

@@ -90,7 +90,11 @@ def renew_lease(
     job may still spend; returns the seconds granted past ``now`` (0: no money left).
 
     The job's reservation is topped up from its team's free budget when it holds less than
-    the horizon costs (never past ``max_cost``), so a lease is always money set aside.
+    the horizon costs (never past ``max_cost``), so a lease is always money set aside. A
+    top-up takes a second horizon's worth ahead, so the renewals after it find the money
+    held and are booked in the control loop's batch (``accrual.accrue_many``), without
+    this team lock: topped up to the need alone, a job whose lease outlasts its reservation
+    came back here at every observation.
     """
     price = attempt.price_micros_per_hour
     assert attempt.started_at is not None
@@ -106,7 +110,8 @@ def renew_lease(
     left = job.max_cost_micros - job_spent(session, job.id)
     if need > held and left > held:
         team = lock_team(session, job.team_id)
-        top_up = min(need - held, left - held, max(team_budget(session, team, now).available, 0))
+        available = max(team_budget(session, team, now).available, 0)
+        top_up = min(2 * need - held, left - held, available)
         if top_up > 0:
             reserve(session, team, job, top_up, now)
             held += top_up

@@ -29,6 +29,7 @@ from broker.core.errors import Infeasible, InvalidInput
 from broker.core.money import to_micros
 from broker.core.offers import OfferTable, overlay
 from broker.core.planner import PlanRequest, PlanSet, plan_nodes, rank_plans
+from broker.core.policy import AvailabilityHistory, ZoneHistory
 from broker.core.throughput import ThroughputModel, Workload
 from broker.db.models import Job, Team, ThroughputCorrection
 from broker.services import spot_model
@@ -38,6 +39,7 @@ from broker.services.market_prices import PriceRow, latest, price_rows, version
 from broker.services.plans import ChosenPlan, Replan, job_plan
 from broker.settings import Settings, get_settings
 from pricing.catalog import bundled_catalog
+from pricing.spot_prior import Key
 
 STARTUP_HOURS = 0.1  # launch + boot + setup before a restore starts
 MIN_WORK_GPU_HOURS = 0.01  # the smallest job admitted: 36 s of one reference GPU
@@ -129,6 +131,8 @@ class Planning:
             {},
         )
         self._learnt: tuple[float, dict[tuple[str, str], float]] | None = None
+        # the shared spot model's zone histories read so far, for the version they are of
+        self._histories: tuple[int, dict[Key, ZoneHistory]] = (self.spot_version, {})
 
     def sync(self, session: Session, *, force: bool = False) -> bool:
         """Lay prices stored since the last sync over ``offers``, and the shared spot
@@ -176,9 +180,28 @@ class Planning:
         self._learnt = (read_at, learnt)
         return learnt
 
+    def spot_histories(self, session: Session, keys: Iterable[Key]) -> AvailabilityHistory:
+        """``spot_model.history`` of these (provider, zone, family), each read once per
+        version of the shared model (``spot_version``, which ``sync`` checks): a policy
+        decision reads no rows its process already holds."""
+        wanted = list(dict.fromkeys(keys))
+        version, kept = self._histories
+        if version != self.spot_version:
+            version, kept = self._histories = (self.spot_version, {})
+        missing = [key for key in wanted if key not in kept]
+        if missing:
+            read = spot_model.history(session, missing).zones
+            kept.update((key, read[key[1]]) for key in missing)
+        return AvailabilityHistory({key[1]: kept[key] for key in wanted})
+
     def forget_learnt(self) -> None:
         """Read the corrections again on next use (this process just changed one)."""
         self._learnt = None
+
+    def forget_spot_histories(self) -> None:
+        """Read the spot model's rows again on next use (its table was emptied or rewritten
+        without a new version, as between tests)."""
+        self._histories = (self.spot_version, {})
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Planning:

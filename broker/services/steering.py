@@ -285,7 +285,9 @@ def policy_state(
         )
         if z == where.zone or z in live.zones
     )
-    history = zone_histories(session, where.provider, where.instance_type, where.gpu, zones, live)
+    history = zone_histories(
+        planning, session, where.provider, where.instance_type, where.gpu, zones, live
+    )
     refused = view.refused
     running_spot = attempt.zone if attempt is not None and attempt.market == "spot" else None
     spent = job_spent(session, job.id)
@@ -362,6 +364,7 @@ def candidate_zones(
 
 
 def zone_histories(
+    planning: Planning,
     session: Session,
     provider: str,
     instance_type: str,
@@ -373,9 +376,10 @@ def zone_histories(
     traces' prior and every attempt's observations as of its latest refit), with each
     zone's current state and age as the broker's own attempts see it now (``observed``,
     from ``spot_history``: a refit may be minutes old; the policy reads the current
-    window's age)."""
+    window's age). The shared histories are the process's copy for the model's version
+    (``Planning.spot_histories``)."""
     shape = family(provider, instance_type, gpu)
-    shared = spot_model.history(session, [(provider, zone, shape) for zone in zones])
+    shared = planning.spot_histories(session, [(provider, zone, shape) for zone in zones])
     live = observed.zones
     merged = dict(shared.zones)
     for zone, seen in shared.zones.items():

@@ -101,7 +101,7 @@ def test_what_is_not_the_common_case_is_left_untouched_for_one_by_one_accrual(
     assert session.get(Job, poor.id).status == "budget_exhausted"
 
 
-def test_a_lease_that_needs_the_team_to_top_up_the_reservation_is_left_alone(
+def test_a_lease_that_needs_the_team_to_top_up_is_left_alone_and_the_top_up_lasts(
     session, clock, submit
 ):
     job = submit()
@@ -114,3 +114,8 @@ def test_a_lease_that_needs_the_team_to_top_up_the_reservation_is_left_alone(
     assert result.one_by_one == [attempt.id]
     lifecycle.accrue(session, attempt.id, clock.now(), LOOKAHEAD, lease_seconds=lease)
     assert job_reserved(session, job.id) > held - cost_micros(SPOT_PRICE, 120.0)
+    # the top-up took a lease's worth more: the next renewals are the batch's again
+    for _ in range(3):
+        clock.advance(120.0)
+        result = accrue_many(session, [(attempt.id, clock.now())], LOOKAHEAD, lease_seconds=lease)
+        assert result.booked == [attempt.id]

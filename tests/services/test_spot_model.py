@@ -20,6 +20,8 @@ from broker.core.offers import OfferTable
 from broker.db.models import Attempt, Job, SpotModelRow
 from broker.services import lifecycle
 from broker.services import spot_model as model
+from broker.services.quoting import Planning
+from broker.settings import get_settings
 from pricing import spot_prior as prior
 from pricing.catalog import bundled_catalog
 from tests.conftest import START
@@ -233,3 +235,27 @@ def test_another_process_reads_the_same_model_and_notices_a_refit(
     assert again["risk"] == model.risk(session, east).tolist() != seen["risk"]
     with Session(db_engine) as other:  # and another session of this process
         assert model.version(other) == again["version"]
+
+
+def test_a_process_reads_a_zones_history_once_per_model_version(
+    session: Session,
+    clock: Any,
+    offers: OfferTable,
+    submit: Callable[..., Job],
+    run_spot: Callable[..., Any],
+) -> None:
+    planning = Planning.from_settings(get_settings())
+    model.refit(session, clock.now(), offers)
+    planning.sync(session, force=True)
+    kept = planning.spot_histories(session, [P3_NO_TRACE]).zones["use1-az1"]
+    assert kept == model.history(session, [P3_NO_TRACE]).zones["use1-az1"]
+
+    job = submit()
+    _preempt_after(session, clock, job, 0.5, run_spot)
+    model.refit(session, clock.now(), offers)
+    # the process's copy stands until its next version check ...
+    assert planning.spot_histories(session, [P3_NO_TRACE]).zones["use1-az1"] == kept
+    planning.sync(session, force=True)
+    # ... which finds the refit and reads the row again
+    again = planning.spot_histories(session, [P3_NO_TRACE]).zones["use1-az1"]
+    assert again != kept and again.up_runs[-1] == 0.5
