@@ -52,6 +52,7 @@ PACED_TASKS = {
     "tasks.control_loop.observe_batch": "observe",
     "tasks.control_loop.launch": "launch",
     "tasks.control_loop.launch_many": "launch",
+    "tasks.control_loop.launch_due": "launch",
 }
 
 

@@ -14,6 +14,7 @@ from broker import clock
 from broker.db.engine import open_session
 from broker.faults import fault_point
 from broker.heap import freeze_heap
+from broker.services.dispatch import LAUNCH_BATCH_MAX
 from broker.services.lifecycle import ToTerminate
 from broker.services.metrics import TICK_SECONDS
 from broker.services.price_refresh import refresh
@@ -63,6 +64,15 @@ def launch_many(job_ids: list[str]) -> int:
         launch.delay(job_id)
     fault_point("before_ack")
     return len(retry)
+
+
+@app.task
+def launch_due(job_ids: list[str]) -> int:
+    """The tick's launches of waiting jobs (at most ``LAUNCH_BATCH_MAX``, least slack first);
+    a transient cloud error leaves its job to the next tick. Returns how many met one."""
+    failed = get_runner().launch_due([str(job_id) for job_id in job_ids])
+    fault_point("before_ack")
+    return len(failed)
 
 
 @app.task(autoretry_for=(TransientError,), retry_backoff=True, max_retries=5)
@@ -118,8 +128,9 @@ def waiting_tasks(queue: str | None = None) -> int:
 
 @app.task
 def tick() -> dict[str, int]:
-    """Beat: renew (or stop) the spend leases about to end, then fan out an observe per live
-    attempt and a launch per waiting job, unless the last round still waits."""
+    """Beat: renew (or stop) the spend leases about to end, then fan out the live attempts'
+    observations and the waiting jobs' launches in batches, each unless its queue still
+    holds the last round."""
     with TICK_SECONDS.labels("tick").time():
         runner = get_runner()
         renewed = runner.sweep_leases()
@@ -133,16 +144,20 @@ def tick() -> dict[str, int]:
         rounds = batches(due.observe, settings.observe_batch_size)
         if rounds and waiting_tasks(settings.celery_observe_queue) >= len(rounds):
             rounds, due.observe = [], []
-        if due.launch and waiting_tasks() >= len(due.launch):
-            due.launch = []
+        # Waiting jobs go in batches, least slack first: one task per job put a tick's
+        # hundreds of launches (most of them stale repeats of the last tick's) ahead of
+        # admission's in the queue.
+        launches = batches(due.launch, LAUNCH_BATCH_MAX)
+        if launches and waiting_tasks() >= len(launches):
+            launches, due.launch = [], []
         # A tick's fan-out is stale a few ticks later: drop what no worker took by then, so a
         # slow worker does not work through a backlog of duplicates.
         expires = 3 * runner.tick_seconds + 5.0
         tick_at = clock.now().isoformat()
         for batch in rounds:
             observe_batch.apply_async((batch, tick_at), expires=expires)
-        for job_id in due.launch:
-            launch.apply_async((job_id,), expires=expires)
+        for batch in launches:
+            launch_due.apply_async((batch,), expires=expires)
     return {"leases": renewed, "observe": len(due.observe), "launch": len(due.launch)}
 
 

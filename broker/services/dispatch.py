@@ -33,7 +33,8 @@ def _queue() -> str:
     return get_settings().celery_queue
 
 
-LAUNCH_BATCH_MAX = 8  # jobs per launch_many task: a burst still spreads over the workers
+# jobs per launch_many (or the tick's launch_due) task: a burst still spreads over the workers
+LAUNCH_BATCH_MAX = 8
 
 
 class LaunchBatcher:

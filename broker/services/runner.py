@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -120,14 +120,24 @@ class Runner(Watching):
         """Admission's launches of several jobs (``launch_urgent_first`` each, in order); a
         transient cloud error stops only its job's launch. Returns those jobs' ids, for a
         retry of their own."""
-        retry = []
+        return self._launch_each(job_ids, self.launch_urgent_first)
+
+    def launch_due(self, job_ids: Iterable[str]) -> list[str]:
+        """The tick's launches of waiting jobs, in the order it gave them (``due``: least
+        slack first); a transient cloud error stops only its job's launch, which a later
+        tick tries again. Returns those jobs' ids."""
+        return self._launch_each(job_ids, self.launch)
+
+    @staticmethod
+    def _launch_each(job_ids: Iterable[str], launch: Callable[[str], str | None]) -> list[str]:
+        failed = []
         for job_id in job_ids:
             try:
-                self.launch_urgent_first(job_id)
+                launch(job_id)
             except TransientError as error:
                 log.warning("launch failed, will retry: %s", error, extra={"job_id": job_id})
-                retry.append(job_id)
-        return retry
+                failed.append(job_id)
+        return failed
 
     def _more_urgent(self, job_id: str) -> str | None:
         """The waiting job, without a live attempt and within the live-attempt limits, with

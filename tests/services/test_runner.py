@@ -259,3 +259,21 @@ def test_admissions_batched_launches_go_on_past_a_transient_error(
     assert [r.tags["broker-job"] for r in cloud.requests] == [second.id]
     assert hands.launch_admitted([first.id]) == []  # its retry: the same attempt, launched
     assert [r.tags["broker-job"] for r in cloud.requests] == [second.id, first.id]
+
+
+def test_the_ticks_batched_launches_go_in_its_order_past_a_transient_error(
+    session, db_engine, clock, submit
+):
+    jobs = [submit(budget=1_000_000_031 + n, market="on_demand") for n in range(3)]
+    cloud = Cloud()
+    cloud.fail_next = True  # the first job's launch: the cloud did not answer
+    hands = runner(db_engine, cloud, "secret")
+    due = [job.id for job in jobs]
+    assert hands.due().launch == due  # equal slack: by id
+    assert hands.launch_due(due) == [jobs[0].id]
+    assert [r.tags["broker-job"] for r in cloud.requests] == due[1:]
+    # its attempt waits in ``launching``: the next tick observes it, which finishes the
+    # launch (as a launch of the job would)
+    assert len(hands.due().observe) == 3 and hands.due().launch == []
+    assert hands.launch_due([jobs[0].id]) == []
+    assert [r.tags["broker-job"] for r in cloud.requests] == [*due[1:], jobs[0].id]
