@@ -15,7 +15,7 @@ end an attempt) decide when an attempt is billed and its lease renewed.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from prometheus_client import Counter
 from sqlmodel import Session
@@ -46,6 +46,14 @@ def billed_seconds(attempt: Attempt, until: datetime) -> float:
 def minimum_seconds(attempt: Attempt) -> float:
     """The provider's minimum billed time for an attempt's instances."""
     return MIN_BILLED_SECONDS.get(attempt.provider, 60.0)
+
+
+def billed_until(attempt: Attempt) -> datetime | None:
+    """The broker time an attempt's booking reaches, when past its minimum billed time
+    (before that, the minimum says nothing of when it ran to); else None."""
+    if attempt.started_at is None or attempt.billed_seconds <= minimum_seconds(attempt):
+        return None
+    return attempt.started_at + timedelta(seconds=attempt.billed_seconds)
 
 
 OVERRUN_MICROS = Counter(

@@ -28,7 +28,7 @@ from broker.db.engine import begin_write, is_postgres
 from broker.db.ids import new_id
 from broker.db.models import Attempt, AttemptNode, Checkpoint, Job
 from broker.faults import fault_point
-from broker.services.billing import bill, renew_lease, warn_on_alert
+from broker.services.billing import bill, billed_until, renew_lease, warn_on_alert
 from broker.services.ledger import job_reserved, job_spent, lock_team, release, reserve
 from broker.services.plans import ChosenPlan
 from broker.services.teams import hash_token
@@ -129,12 +129,20 @@ def _end_attempt(
     session: Session, job: Job, attempt: Attempt, reason: str, now: datetime
 ) -> list[ToTerminate]:
     """Settle an attempt's spend up to ``now`` and mark it ended; returns every instance it
-    holds (every node of a gang)."""
+    holds (every node of a gang).
+
+    It ends where its booking does when another process already booked it past ``now`` (a
+    batch acting on an observation older than the tick's lease sweep): the instance ran at
+    least that long, and an end before the time billed would show a run shorter than its
+    bill."""
+    end = now
     if attempt.status == RUNNING:
         bill(session, job, attempt, now)
+        booked = billed_until(attempt)
+        end = max(now, booked) if booked is not None else now
     attempt.status = ENDED
     attempt.end_reason = reason
-    attempt.ended_at = now
+    attempt.ended_at = end
     session.add(attempt)
     return attempt_instances(session, attempt)
 

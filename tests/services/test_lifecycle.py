@@ -77,6 +77,19 @@ def test_an_end_read_from_an_earlier_clock_keeps_the_ledger_exact(session, job, 
     assert attempt.billed_seconds == 1000
     assert attempt.cost_micros == cost_micros(attempt.price_micros_per_hour, 1000)
     assert job_spent(session, job.id) == attempt.cost_micros
+    # it ended where its booking did, not before: its run is the time billed
+    assert attempt.ended_at == began + timedelta(seconds=1000)
+
+
+def test_an_end_within_the_minimum_billed_time_is_when_it_was_asked(session, job, clock):
+    attempt, _ = _running(session, job, clock)
+    began = clock.now()
+    clock.advance(20)
+    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60, lease_seconds=LEASE)
+    lifecycle.migrate(session, attempt.id, "test", clock.now())
+    attempt = session.get(Attempt, attempt.id)
+    assert attempt.billed_seconds == 60  # the minimum: it says nothing of when the run ended
+    assert attempt.ended_at == began + timedelta(seconds=20)
 
 
 def test_preemption_falls_back_to_latest_checkpoint(session, job, clock):
