@@ -185,9 +185,9 @@ class Planning:
         version of the shared model (``spot_version``, which ``sync`` checks): a policy
         decision reads no rows its process already holds."""
         wanted = list(dict.fromkeys(keys))
-        version, kept = self._histories
-        if version != self.spot_version:
-            version, kept = self._histories = (self.spot_version, {})
+        if self._histories[0] != self.spot_version:
+            self._histories = (self.spot_version, {})
+        kept = self._histories[1]
         missing = [key for key in wanted if key not in kept]
         if missing:
             read = spot_model.history(session, missing).zones
