@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated
 
+from anyio import CapacityLimiter, to_thread
+from anyio.lowlevel import RunVar
 from fastapi import Depends, Header, HTTPException, status
 from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
@@ -15,20 +17,37 @@ from broker.db.engine import open_session
 from broker.services.teams import Principal, authenticate, trusted_principal
 from broker.settings import get_settings
 
+# Threads that only close sessions. A request that still holds a connection (a read ends
+# its route inside a transaction) must not wait for one of the routes' ``api_threads`` to give
+# it back: with more such requests than the pool has connections, the routes in those
+# threads would wait for a connection only a thread can free, until the pool's timeout.
+CLOSE_THREADS = 2
+_closers: RunVar[CapacityLimiter] = RunVar("session_closers")
+
+
+def _closer_threads() -> CapacityLimiter:
+    """This event loop's limiter for closing sessions."""
+    try:
+        return _closers.get()
+    except LookupError:
+        _closers.set(limiter := CapacityLimiter(CLOSE_THREADS))
+        return limiter
+
 
 async def get_session() -> AsyncIterator[Session]:
     """One session per request; services commit what they change.
 
     Async so that opening and closing it cost no thread hop: a session connects on first use
-    (in the route's thread), and one whose work ended in a commit closes without I/O; only a
-    session still holding a transaction (an error path) is closed in the thread pool.
+    (in the route's thread), and one whose work ended in a commit closes without I/O. A
+    session still holding a transaction (a read, an error path) is closed in threads of its
+    own (``CLOSE_THREADS``), never queued behind the routes it would give a connection to.
     """
     session = open_session()
     try:
         yield session
     finally:
         if session.in_transaction():
-            await run_in_threadpool(session.close)
+            await to_thread.run_sync(session.close, limiter=_closer_threads())
         else:
             session.close()
 
@@ -67,10 +86,18 @@ async def get_principal(
     admin = settings.admin_token.get_secret_value() if settings.admin_token else None
     principal = trusted_principal(token, admin, settings.key_check_seconds)
     if principal is None:
-        principal = await run_in_threadpool(authenticate, session, token, admin)
+        principal = await run_in_threadpool(_authenticate, session, token, admin)
     if principal is None:
         raise _UNAUTHORIZED
     return principal
+
+
+def _authenticate(session: Session, token: str, admin: str | None) -> Principal | None:
+    """``authenticate``, its connection given back before the route waits for a thread."""
+    try:
+        return authenticate(session, token, admin)
+    finally:
+        session.rollback()
 
 
 async def require_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:

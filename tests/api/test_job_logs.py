@@ -168,6 +168,28 @@ def test_following_streams_new_chunks_until_the_job_has_finished(client, job):
     assert client.get(f"/v1/jobs/{job_id}", headers=headers).json()["status"] == "succeeded"
 
 
+def test_a_follower_holds_no_database_connection_while_it_waits(client, job, db_engine):
+    """A follow lasts up to an hour: its request must not keep a pooled connection (and, on
+    SQLite, a read transaction that stops the WAL from being checkpointed) all that time."""
+    job_id, headers, agent = job
+    attempt, token = agent.launch()
+    agent.send(attempt, token, "first\n")
+    with client.stream(
+        "GET",
+        f"/v1/jobs/{job_id}/logs",
+        params={"follow": "true", "attempt": attempt},
+        headers=headers,
+    ) as response:
+        assert response.status_code == 200
+        assert next(response.iter_text()) == "first\n"
+        held = []
+        for _ in range(20):  # the follower's own polls take a connection for a moment
+            held.append(db_engine.pool.checkedout())
+            time.sleep(0.05)
+        agent.exit(attempt, 0)
+    assert min(held) == 0, held
+
+
 def test_following_a_finished_job_returns_its_log_and_ends(client, job):
     job_id, headers, agent = job
     attempt, token = agent.launch()
