@@ -93,6 +93,22 @@ def why_missed(job: Any, attempts: list[Any]) -> dict[str, float]:
     }
 
 
+def market_moves(attempts: list[Any]) -> Counter[str]:
+    """A job's migrations by market, from the attempt that moved to the next one
+    (``on_demand->spot``...), and the on-demand attempts that left for spot before making
+    any progress (``on_demand->spot without progress``: a start paid for and thrown away,
+    the ping-pong of issue 22)."""
+    moves: Counter[str] = Counter()
+    ordered = sorted(attempts, key=lambda a: (a.created_at, a.id))  # ids follow creation
+    for attempt, after in zip(ordered, ordered[1:], strict=False):
+        if attempt.end_reason != "migrated":
+            continue
+        moves[f"{attempt.market}->{after.market}"] += 1
+        if attempt.market == "on_demand" and attempt.work_done <= attempt.work_at_start:
+            moves[f"{attempt.market}->{after.market} without progress"] += 1
+    return moves
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2000)
@@ -222,6 +238,7 @@ def main() -> None:
                 by_market: Counter[str] = Counter()
                 missed_by_market: Counter[str] = Counter()
                 failed_why: Counter[str] = Counter()
+                moves: Counter[str] = Counter()
                 first_tries: list[float] = []  # broker hours from submission to first launch
                 for job in session.exec(select(Job)).all():
                     statuses[job.status] = statuses.get(job.status, 0) + 1
@@ -238,6 +255,7 @@ def main() -> None:
                         missed_jobs.append(why_missed(job, attempts))
                         missed_by_market[job.market] += 1
                         missed_ends.update(a.end_reason or a.status for a in attempts)
+                    moves.update(market_moves(attempts))
                     if attempts:
                         first_tries.append(
                             (min(a.created_at for a in attempts) - job.created_at).total_seconds()
@@ -296,6 +314,7 @@ def main() -> None:
         },
         "missed_attempt_ends": dict(missed_ends.most_common()),
         "failed_reasons": dict(failed_why.most_common(5)),
+        "market_moves": dict(sorted(moves.items())),
         "orphans": len(orphans),
         "ledger_vs_billed_micros": ledger_gap,
         "attempts_billed_other_than_run_time": billing_mismatch,
@@ -317,6 +336,7 @@ def main() -> None:
         print(f"  how their attempts ended: {figures['missed_attempt_ends']}")
     if failed_why:
         print(f"  why jobs failed: {figures['failed_reasons']}")
+    print(f"  market moves of running attempts: {figures['market_moves']}")
     print(
         f"  first launch after submission (broker hours): p50 {figures['first_launch_h_p50']}, "
         f"p90 {figures['first_launch_h_p90']}"
