@@ -125,6 +125,12 @@ def main() -> None:
     parser.add_argument(
         "--keep", action="store_true", help="keep the database and the stack's folder to study"
     )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="the API's and workers' (info: every market switch and why, in the folder's logs)",
+    )
     args = parser.parse_args()
 
     from sqlalchemy import func
@@ -157,6 +163,7 @@ def main() -> None:
         concurrency=args.concurrency,
         fault_rate=args.fault_rate,
         instance_runner="light",  # hundreds of real processes would swamp a small machine
+        log_level=args.log_level,
         extra_env={
             "BROKER_CELERY_QUEUE": f"broker-soak-{secrets.token_hex(4)}",
             # one team submits every job: let it run all it keeps in flight (default 32)
