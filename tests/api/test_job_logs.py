@@ -64,6 +64,12 @@ def logs(client, job_id: str, headers, **params: object):  # type: ignore[no-unt
     return client.get(f"/v1/jobs/{job_id}/logs", params=params, headers=headers)
 
 
+def follow(client, job_id: str, headers, attempt: str):  # type: ignore[no-untyped-def]
+    """The streamed ``follow`` of one attempt's log (a context manager)."""
+    params = {"follow": "true", "attempt": attempt}
+    return client.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, headers=headers)
+
+
 def test_a_job_without_output_has_an_empty_log(client, job):
     job_id, headers, agent = job
     response = logs(client, job_id, headers)
@@ -150,12 +156,7 @@ def test_following_streams_new_chunks_until_the_job_has_finished(client, job):
     started = time.monotonic()
     worker.start()
     pieces = []
-    with client.stream(
-        "GET",
-        f"/v1/jobs/{job_id}/logs",
-        params={"follow": "true", "attempt": attempt},
-        headers=headers,
-    ) as response:
+    with follow(client, job_id, headers, attempt) as response:
         assert response.status_code == 200
         for piece in response.iter_text():
             pieces.append((time.monotonic() - started, piece))
@@ -174,12 +175,7 @@ def test_a_follower_holds_no_database_connection_while_it_waits(client, job, db_
     job_id, headers, agent = job
     attempt, token = agent.launch()
     agent.send(attempt, token, "first\n")
-    with client.stream(
-        "GET",
-        f"/v1/jobs/{job_id}/logs",
-        params={"follow": "true", "attempt": attempt},
-        headers=headers,
-    ) as response:
+    with follow(client, job_id, headers, attempt) as response:
         assert response.status_code == 200
         assert next(response.iter_text()) == "first\n"
         held = []
