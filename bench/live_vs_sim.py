@@ -113,17 +113,20 @@ class LiveStart:
     restart_hours: float
     spot_micros: int  # $/h of its plan's offer, in micro-dollars
     on_demand_micros: int
+    max_cost_micros: int  # what the budget net's holds may reach
 
 
 def trace_job(live: LiveStart) -> TraceJob:
     """The simulator's job for a live one: the same work, deadline from admission, restart
-    overhead and prices; the reservation the broker's rule gives (``scenario.reserved``)."""
+    overhead and prices; the reservation the broker's rule gives (``scenario.reserved``), up
+    to its max_cost when the budget net asks to hold more, as live."""
     return TraceJob(
         work_hours=live.work_hours,
         deadline_hours=(live.deadline - live.created_at).total_seconds() / 3600.0,
         restart_hours=live.restart_hours,
         spot_price=live.spot_micros / MICROS_PER_DOLLAR,
         on_demand_price=live.on_demand_micros / MICROS_PER_DOLLAR,
+        max_cost=live.max_cost_micros / MICROS_PER_DOLLAR,
     )
 
 
@@ -269,6 +272,7 @@ def live_start(session: Any, job: Any) -> LiveStart:
         restart_hours=planning.restart_hours(job),
         spot_micros=spot if spot >= 0 else plan.price_per_hour_micros,
         on_demand_micros=on_demand if on_demand >= 0 else plan.price_per_hour_micros,
+        max_cost_micros=job.max_cost_micros,
     )
 
 

@@ -25,6 +25,9 @@ rule again on numpy arrays for the simulator, and a test holds the two to the sa
 - ``spent`` / ``reserved``: what the job has spent so far and the whole of its reservation
   (spent included), in the prices' money unit; the budget net (``budget_net``) keeps spent
   within ``reserved``. The default ``reserved`` (infinite) turns the net off.
+- ``reserve_limit``: the most the caller could hold for the job (live: its ``max_cost``; the
+  team's free budget is checked when it holds); None: ``reserved``, nothing more. Above
+  ``reserved``, the net asks for more rather than force on-demand (``Decision.hold``).
 - ``on_demand_cost``: what finishing on on-demand costs if it starts a tick from now, a tick
   of margin included; None: ``on_demand_price x (work_left + restart + tick)`` (one offer,
   as simulated). Live it is the cheapest on-demand plan for the work left, which may be
@@ -89,10 +92,14 @@ class Action(IntEnum):
 
 @dataclass(frozen=True)
 class Decision:
-    """What to do now; ``zone`` only for ``Action.SPOT``."""
+    """What to do now; ``zone`` only for ``Action.SPOT``. ``hold``: the reservation (spent
+    included) the decision needs when that is more than ``PolicyState.reserved`` (0: none):
+    the caller holds it before acting, or, when it cannot, asks again without
+    ``reserve_limit`` (the budget net then takes on-demand)."""
 
     action: Action
     zone: str | None = None
+    hold: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -205,6 +212,7 @@ class PolicyState:
     on_demand_price: float = 3.0
     spent: float = 0.0
     reserved: float = math.inf
+    reserve_limit: float | None = None
     on_demand_cost: float | None = None
     history: AvailabilityHistory = field(default_factory=AvailabilityHistory)
     plan: SpotPlan | None = None
@@ -220,6 +228,7 @@ class PolicyState:
 
 
 Policy = Callable[[PolicyState], Decision]
+HOLD_AHEAD_HOURS = 1.0  # spot hours a hold takes beyond the net's need
 STOP = Decision(Action.STOP)
 CONTINUE = Decision(Action.CONTINUE)
 ON_DEMAND = Decision(Action.ON_DEMAND)
@@ -248,21 +257,40 @@ def _last_moment(state: PolicyState) -> bool:
     return state.slack_hours - state.tick_hours < state.restart_hours - EPS
 
 
-def budget_net(state: PolicyState, decision: Decision) -> Decision:
-    """``decision``, unless it holds spot (or nothing) for a tick after which the reservation
-    could no longer pay for on-demand to the end (``on_demand_cost``): then on-demand, started
-    or kept. With it, spend never passes ``reserved`` (proof: ``broker.core.reservation``)."""
+def net_need(state: PolicyState, decision: Decision) -> float | None:
+    """What the budget net needs held for ``decision``: spent, a tick of what it holds (spot,
+    or nothing) and on-demand to the end from a tick on (``on_demand_cost``); None for a
+    decision that holds on-demand (or stops), which the net lets pass."""
     kept = {Action.SPOT: Instance.SPOT, Action.WAIT: Instance.NONE, Action.CONTINUE: state.instance}
     held = kept.get(decision.action, Instance.ON_DEMAND)  # STOP and ON_DEMAND pass
     if held is Instance.ON_DEMAND:
-        return decision
+        return None
     tick = state.tick_hours
     finish = state.on_demand_cost
     if finish is None:
         finish = state.on_demand_price * (state.work_left_hours + state.restart_hours + tick)
     price = state.spot_price if held is Instance.SPOT else 0.0
-    if state.spent + price * tick + finish <= state.reserved:
+    return state.spent + price * tick + finish
+
+
+def budget_net(state: PolicyState, decision: Decision) -> Decision:
+    """``decision``, unless it holds spot (or nothing) for a tick after which the reservation
+    could no longer pay for on-demand to the end (``net_need``): then ``decision`` asking to
+    hold that and ``HOLD_AHEAD_HOURS`` of spot more (``Decision.hold``) when
+    ``reserve_limit`` allows it, else on-demand, started or kept. With it, spend never passes
+    what is held (proof: ``broker.core.reservation``)."""
+    need = net_need(state, decision)
+    if need is None or need <= state.reserved:
         return decision
+    limit = state.reserve_limit
+    if limit is not None and need <= limit:
+        # spend already sunk is no reason to leave spot: hold more, an hour ahead, so a job
+        # that has not checkpointed yet does not come back for it at every tick
+        on_spot = decision.action == Action.SPOT or (
+            decision.action == Action.CONTINUE and state.instance is Instance.SPOT
+        )
+        ahead = state.spot_price * HOLD_AHEAD_HOURS if on_spot else 0.0
+        return replace(decision, hold=min(limit, need + ahead))
     return CONTINUE if state.instance is Instance.ON_DEMAND else ON_DEMAND
 
 

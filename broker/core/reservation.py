@@ -52,6 +52,11 @@ nears, and the net looks a tick ahead). The bound is as good as its inputs: pric
 work lost since the latest checkpoint (the policy counts work from it, which keeps ``J`` on
 the safe side), billing minimums and a control loop that observes late (the tick of margin)
 make it approximate; the spend leases (``broker.services.billing``) remain the hard stop.
+
+Holds: where the caller can raise ``C`` (``PolicyState.reserve_limit``: live, up to the
+job's max_cost from its team's free budget), the net asks for that rather than take
+on-demand (``policy.Decision.hold``). Raising ``C`` before a tick only adds slack to ``J``,
+so the argument holds with the ``C`` of each moment, and spend stays within the last one.
 """
 
 from __future__ import annotations

@@ -47,6 +47,13 @@ POLICY_PLANS = Counter(
     " by another process, loaded from the plan store) or miss (solved).",
     ["result"],
 )
+BUDGET_HOLDS = Counter(
+    "broker_budget_holds_total",
+    "Times the budget net asked a job to hold more of its team's budget rather than leave"
+    " spot (or not take it), by result: held, or short (max_cost or the team's free budget"
+    " could not give it: the net took on-demand).",
+    ["result"],
+)
 PROVIDER_ERRORS = Counter(
     "broker_provider_errors_total",
     "Errors the runner caught from a cloud provider, by kind "

@@ -4,7 +4,9 @@ Admission reserves it for the job's plan (``admission.submit``); a launch tops t
 up to the least its remaining work needs on the chosen plan (``Runner.launch`` ->
 ``lifecycle.begin_attempt``); steering hands the policy the job's spend, its reservation and
 the cost of finishing on on-demand (``finish_on_demand``), so its budget net keeps spend
-within the reservation. Going on-demand live re-plans on the cheapest on-demand plan that
+within the reservation; when the net would move a job to on-demand only because it holds
+too little, steering holds more first (``hold``), within ``max_cost`` and the team's free
+budget. Going on-demand live re-plans on the cheapest on-demand plan that
 meets the deadline (``fallback``), which is what these figures price. ``on_demand_only`` is
 what a job would spend on that plan alone, the figure spot saves against.
 """
@@ -24,6 +26,7 @@ from broker.core.spend import plan_on_demand_only
 from broker.db.models import Job
 from broker.services.billing import MIN_BILLED_SECONDS
 from broker.services.job_spec import JobSpec
+from broker.services.ledger import job_reserved, job_spent, lock_team, reserve, team_budget
 from broker.services.plans import ChosenPlan
 from broker.services.quoting import Planning, job_spec
 from broker.settings import Settings, get_settings
@@ -169,3 +172,26 @@ def on_demand_only(spec: JobSpec, plan: Plan | None, startup_hours: float) -> in
         write_hours=spec.checkpoint.size_gb * PlanRequest.checkpoint_seconds_per_gb / 3600.0,
         min_billed_seconds=MIN_BILLED_SECONDS.get(plan.provider, 60.0),
     )
+
+
+def hold(session: Session, job: Job, need: int, want: int, now: datetime) -> int:
+    """Raise what ``job`` holds (spent included, micro-dollars) towards ``want``, as far as
+    ``max_cost`` and its team's free budget allow, when it holds less than ``need``; one
+    transaction, committed (the team row is locked only for it). Returns what the job holds
+    after it: the top-up is taken only when it reaches ``need``."""
+    held = job_spent(session, job.id) + job_reserved(session, job.id)
+    want = min(want, job.max_cost_micros)
+    if held >= need or want < need:
+        return held
+    team = lock_team(session, job.team_id)
+    held = job_spent(session, job.id) + job_reserved(session, job.id)  # under the lock
+    if held >= need:
+        session.rollback()
+        return held
+    top_up = min(want - held, max(team_budget(session, team, now).available, 0))
+    if held + top_up < need:
+        session.rollback()
+        return held
+    reserve(session, team, job, top_up, now)
+    session.commit()
+    return held + top_up

@@ -11,6 +11,7 @@ runner (``broker.services.runner``) carries a move out.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
@@ -25,10 +26,10 @@ from broker.core.spot_model import attempt_sightings, family
 from broker.db.models import Attempt, Job
 from broker.services import spot_model
 from broker.services.ledger import job_reserved, job_spent
-from broker.services.metrics import POLICY_PLANS
+from broker.services.metrics import BUDGET_HOLDS, POLICY_PLANS
 from broker.services.plans import ChosenPlan, job_plan
 from broker.services.quoting import Planning
-from broker.services.reservations import finish_on_demand, offer_prices, shape_mask
+from broker.services.reservations import finish_on_demand, hold, offer_prices, shape_mask
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def market_now(
     state = policy_state(planning, session, job, None, now, tick_hours, view)
     if state is None:
         return None
-    decision = _decide(state)
+    decision = _held(session, job, state, _decide(state), now)
     if decision.action == policy.Action.ON_DEMAND or not any(state.spot_obtainable):
         return "on_demand"
     plan = job_plan(job)
@@ -171,7 +172,9 @@ def steer(
     work_per_hour = job.total_work / state.work_total_hours
     finish_hours = max(job.total_work - job.work_done, 0.0) / work_per_hour
     in_time = finish_hours + state.restart_left_hours <= state.hours_to_deadline
-    if in_time and _decide(state).action != policy.Action.ON_DEMAND:
+    if in_time and _held(session, job, state, _decide(state), now).action != (
+        policy.Action.ON_DEMAND
+    ):
         return "continue"
     if planning.plans_for_job(session, job, now, market="on_demand").choices:
         _log_switch(job, attempt, state, "on_demand", "policy" if in_time else "late")
@@ -180,6 +183,38 @@ def steer(
         return "continue"
     _log_switch(job, attempt, state, "on_demand", "late, no on-demand plan: re-plan")
     return "on_demand"
+
+
+def _held(
+    session: Session, job: Job, state: policy.PolicyState, decision: policy.Decision, now: datetime
+) -> policy.Decision:
+    """``decision`` once the job holds what it needs for it: when the budget net asks for more
+    (``Decision.hold``), the job's hold is raised (``reservations.hold``, within max_cost and
+    its team's free budget); when that falls short, the policy's decision on what the job
+    holds (the net's on-demand)."""
+    if decision.hold <= state.reserved:
+        return decision
+    need = policy.net_need(state, decision)
+    assert need is not None  # a hold is asked only for a decision the net weighs
+    need_micros = math.ceil(need * MICROS_PER_DOLLAR)
+    held = hold(session, job, need_micros, int(decision.hold * MICROS_PER_DOLLAR), now)
+    extra = {"job_id": job.id, "zone": state.zone}
+    if held >= need_micros:
+        BUDGET_HOLDS.labels("held").inc()
+        log.info(
+            "budget hold: $%.2f held (was $%.2f, spent $%.2f), so %s rather than on-demand",
+            held / MICROS_PER_DOLLAR,
+            state.reserved,
+            state.spent,
+            decision.action.name.lower(),
+            extra=extra,
+        )
+        return decision
+    BUDGET_HOLDS.labels("short").inc()
+    log.info(
+        "budget hold short: $%.2f held, $%.2f needed", held / MICROS_PER_DOLLAR, need, extra=extra
+    )
+    return _decide(state.with_(reserved=held / MICROS_PER_DOLLAR, reserve_limit=None))
 
 
 def _log_switch(job: Job, attempt: Attempt, state: policy.PolicyState, to: str, why: str) -> None:
@@ -222,7 +257,8 @@ def _back_to_spot(
         obtainable and zone not in excluded
         for zone, obtainable in zip(state.zones, state.spot_obtainable, strict=True)
     )
-    if _decide(state.with_(spot_obtainable=last_seen)).action != policy.Action.SPOT:
+    state = state.with_(spot_obtainable=last_seen)
+    if _held(session, job, state, _decide(state), now).action != policy.Action.SPOT:
         return "continue"
     # The launch skips the excluded zones too (``Runner.launch``'s ``exclude_zones``): a
     # spot plan must fit outside them.
@@ -309,6 +345,7 @@ def policy_state(
         on_demand_price=on_demand_price,
         spent=spent / MICROS_PER_DOLLAR,
         reserved=(spent + job_reserved(session, job.id)) / MICROS_PER_DOLLAR,
+        reserve_limit=job.max_cost_micros / MICROS_PER_DOLLAR,
         on_demand_cost=finish / MICROS_PER_DOLLAR,
         history=history,
     )

@@ -23,7 +23,10 @@ from pricing.traces import Trace
 class TraceJob:
     """One job: work and deadline in hours from its start, restart overhead, prices, and the
     reservation its policy's budget net keeps spend within (None: the one the broker makes,
-    ``broker.core.reservation``; ``math.inf``: no budget net)."""
+    ``broker.core.reservation``; ``math.inf``: no budget net). ``max_cost``: the most that
+    reservation may grow to when the net asks to hold more (``policy.Decision.hold``; live,
+    within the job's max_cost and its team's free budget, here always granted); None:
+    the reservation alone."""
 
     work_hours: float
     deadline_hours: float
@@ -31,6 +34,7 @@ class TraceJob:
     spot_price: float
     on_demand_price: float
     reserved: float | None = None
+    max_cost: float | None = None
 
 
 MAX_PARTS = 60  # the finest split of a tick (the hindsight optimum's work grows with it)
@@ -81,7 +85,10 @@ def _whole(x: float) -> bool:
 
 
 def reserved(job: TraceJob, ticks: Ticks) -> float:
-    """What the job may spend ($): ``job.reserved``, or the broker's reservation for it."""
+    """What the job may spend ($): ``job.max_cost`` (what the net's holds may reach),
+    ``job.reserved``, or the broker's reservation for it."""
+    if job.max_cost is not None:
+        return job.max_cost
     if job.reserved is not None:
         return job.reserved
     return reservation(

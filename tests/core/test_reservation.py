@@ -16,6 +16,7 @@ from broker.core.policy import (
     PolicyState,
     budget_net,
     greedy,
+    net_need,
 )
 from broker.core.reservation import RESERVE_FACTOR, reservation
 
@@ -79,6 +80,24 @@ def test_the_net_puts_a_job_short_of_money_on_on_demand_and_keeps_it_there() -> 
     assert budget_net(on_demand.with_(reserved=5.0 + 30.9 - 1e-9), WAIT) == CONTINUE
     assert budget_net(on_demand, WAIT) == WAIT  # holding nothing costs nothing: it still fits
     assert budget_net(short, Decision(Action.STOP)) == Decision(Action.STOP)
+
+
+def test_the_net_asks_to_hold_more_rather_than_leave_spot_when_the_limit_allows() -> None:
+    need = 5.0 + 0.1 + 30.9  # spent, a tick of spot, on-demand to the end
+    short = state(reserved=need - 1.0, instance=Instance.SPOT, zone="z")
+    kept = budget_net(short.with_(reserve_limit=100.0), CONTINUE)
+    # the same decision, asking to hold the need and an hour of spot ahead
+    assert (kept.action, kept.hold) == (Action.CONTINUE, pytest.approx(need + 1.0))
+    # up to the limit, not past it
+    assert budget_net(short.with_(reserve_limit=need + 0.5), CONTINUE).hold == need + 0.5
+    # a limit below the need: on-demand, as without one
+    assert budget_net(short.with_(reserve_limit=need - 1e-9), CONTINUE) == ON_DEMAND
+    # holding nothing asks for no spot hour; a reservation that covers it asks for nothing
+    waiting = budget_net(state(reserved=5.0, reserve_limit=100.0), WAIT)
+    assert (waiting.action, waiting.hold) == (Action.WAIT, pytest.approx(5.0 + 30.9))
+    assert budget_net(state(reserved=need, reserve_limit=100.0), SPOT) == SPOT
+    assert net_need(short, CONTINUE) == pytest.approx(need)
+    assert net_need(short.with_(instance=Instance.ON_DEMAND), CONTINUE) is None
 
 
 def test_the_net_prices_on_demand_as_the_caller_says_when_it_knows_better() -> None:

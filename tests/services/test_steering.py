@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from broker.db.models import Job
+import pytest
+
+from broker.core import policy
+from broker.db.models import Job, Team
 from broker.services import agent_reports, lifecycle
-from broker.services.ledger import book_spend, job_reserved, job_spent
+from broker.services.ledger import book_spend, job_reserved, job_spent, team_budget
 from broker.services.plans import job_plan
 from broker.services.quoting import get_planning
 from broker.services.reservations import finish_on_demand, offer_prices
@@ -209,18 +212,64 @@ def _spend_down_to_finishing_on_demand(session, job, attempt, clock):  # type: i
     session.commit()
 
 
-def test_spot_moves_to_on_demand_once_the_reservation_only_covers_finishing_there(
-    session, clock, submit, run_spot
-):
-    job = submit()
-    planning = get_planning()
+def _leave_the_team_nothing_free(session, job, clock):  # type: ignore[no-untyped-def]
+    """Lower the team's limit to what it has spent and holds: no budget left to hold more."""
+    team = session.get(Team, job.team_id)
+    figures = team_budget(session, team, clock.now())
+    team.budget_limit_micros = figures.spent + figures.reserved
+    session.add(team)
+    session.commit()
+
+
+def _running_spot_with_progress(session, clock, submit, run_spot, **spec):  # type: ignore[no-untyped-def]
+    job = submit(**spec)
     attempt, token = run_spot(job)
     clock.advance(1800)
     agent_reports.record_progress(session, attempt.id, token, 100, f"jobs/{job.id}/k", clock.now())
-    job = session.get(Job, job.id)
+    return session.get(Job, job.id), attempt
+
+
+def test_spot_holds_more_rather_than_leave_for_on_demand_only_because_the_job_holds_too_little(
+    session, clock, submit, run_spot
+):
+    job, attempt = _running_spot_with_progress(session, clock, submit, run_spot)
+    planning = get_planning()
+    _spend_down_to_finishing_on_demand(session, job, attempt, clock)
+    held = job_spent(session, job.id) + job_reserved(session, job.id)
+    state = policy_state(planning, session, job, attempt, clock.now(), 0.1)
+    assert state is not None and policy.net_need(state, policy.CONTINUE) > held / 1e6
+    assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
+    topped = job_spent(session, job.id) + job_reserved(session, job.id)
+    # the net's need and an hour of spot ahead, from the team's free budget
+    need = policy.net_need(state, policy.CONTINUE)
+    assert topped / 1e6 == pytest.approx(
+        need + state.spot_price * policy.HOLD_AHEAD_HOURS, abs=1e-5
+    )
+    # the hour ahead: the next tick finds it held and asks for nothing
+    assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
+    assert job_spent(session, job.id) + job_reserved(session, job.id) == topped
+
+
+def test_spot_moves_to_on_demand_once_the_job_holds_only_finishing_there_and_can_hold_no_more(
+    session, clock, submit, run_spot
+):
+    planning = get_planning()
+    job, attempt = _running_spot_with_progress(session, clock, submit, run_spot)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
     _spend_down_to_finishing_on_demand(session, job, attempt, clock)
+    _leave_the_team_nothing_free(session, job, clock)
+    held = job_reserved(session, job.id)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "on_demand"
+    assert job_reserved(session, job.id) == held  # a top-up short of the need is not taken
+    # max_cost reached: the same, whatever the team has free
+    other, attempt = _running_spot_with_progress(
+        session, clock, submit, run_spot, budget=2_000_000_000
+    )
+    _spend_down_to_finishing_on_demand(session, other, attempt, clock)
+    other.max_cost_micros = job_spent(session, other.id) + job_reserved(session, other.id)
+    session.add(other)
+    session.commit()
+    assert steer(planning, session, other, attempt, clock.now(), tick_hours=0.1) == "on_demand"
 
 
 def test_on_demand_stays_once_the_reservation_only_covers_finishing_there(session, clock, submit):
@@ -235,6 +284,7 @@ def test_on_demand_stays_once_the_reservation_only_covers_finishing_there(sessio
     job = session.get(Job, job.id)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
     _spend_down_to_finishing_on_demand(session, job, attempt, clock)
+    _leave_the_team_nothing_free(session, job, clock)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
 
 

@@ -35,7 +35,7 @@ def test_anchored_trace_plays_its_segment_from_the_anchor_on() -> None:
     assert view.gap_seconds == trace.gap_seconds and view.zone == trace.zone
 
 
-def test_trace_job_keeps_the_live_jobs_work_deadline_restart_and_prices() -> None:
+def test_trace_job_keeps_the_live_jobs_work_deadline_restart_prices_and_max_cost() -> None:
     created = datetime(2026, 1, 1, tzinfo=UTC)
     live = LiveStart(
         created_at=created,
@@ -44,6 +44,7 @@ def test_trace_job_keeps_the_live_jobs_work_deadline_restart_and_prices() -> Non
         restart_hours=0.1 + 50 / 3600,
         spot_micros=519_700,
         on_demand_micros=3_060_000,
+        max_cost_micros=40_000_000,
     )
     job = trace_job(live)
     assert job.work_hours == 3.0
@@ -51,6 +52,7 @@ def test_trace_job_keeps_the_live_jobs_work_deadline_restart_and_prices() -> Non
     assert job.restart_hours == pytest.approx(0.1 + 50 / 3600)
     assert (job.spot_price, job.on_demand_price) == (pytest.approx(0.5197), pytest.approx(3.06))
     assert job.reserved is None  # the broker's own reservation rule
+    assert job.max_cost == 40.0  # ... which the net's holds may raise to max_cost, as live
     ticks = Ticks.of(job, 195.0)
     assert ticks.deadline * ticks.part_hours <= 4.5 + 1e-9
 
