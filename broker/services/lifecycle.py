@@ -51,9 +51,11 @@ class ToTerminate:
 
 
 def lock_job(session: Session, job_id: str, team_id: str | None = None) -> Job:
-    """Load a job and hold its row for this transaction (FOR UPDATE on PostgreSQL)."""
+    """Load a job and hold its row for this transaction (FOR UPDATE on PostgreSQL). The row
+    is read afresh: a copy the session holds from an earlier transaction (another worker
+    began an attempt since) is overwritten, not returned as it was."""
     begin_write(session)
-    statement = select(Job).where(Job.id == job_id)
+    statement = select(Job).where(Job.id == job_id).execution_options(populate_existing=True)
     if is_postgres(session):
         statement = statement.with_for_update()
     job = session.exec(statement).first()

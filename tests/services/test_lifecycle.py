@@ -6,7 +6,7 @@ import dataclasses
 from datetime import timedelta
 
 import pytest
-from sqlmodel import select
+from sqlmodel import Session, select
 
 from broker.core.errors import BudgetExceeded, Conflict, IllegalTransition, NotFound
 from broker.core.job_status import JobStatus
@@ -34,6 +34,25 @@ def _running(session, job, clock):
     )
     lifecycle.launch_succeeded(session, attempt.id, "i-123", clock.now(), lease_seconds=LEASE)
     return attempt, token
+
+
+def test_a_launch_finishing_an_attempt_another_worker_began_sees_the_job_as_it_is_now(
+    session, job, clock, db_engine
+):
+    # this worker read the job while it was queued (``Runner.launch`` reads it first) ...
+    assert session.get(Job, job.id).status == JobStatus.QUEUED
+    session.commit()
+    # ... another worker began an attempt meanwhile (job -> provisioning) ...
+    with Session(db_engine, expire_on_commit=False) as other:
+        attempt, _ = lifecycle.begin_attempt(
+            other, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
+        )
+    # ... and this one, finding it launching, finishes its launch: on the job's current row
+    assert (
+        lifecycle.launch_succeeded(session, attempt.id, "i-1", clock.now(), lease_seconds=LEASE)
+        == []
+    )
+    assert session.get(Job, job.id).status == JobStatus.RUNNING
 
 
 def test_attempt_runs_and_books_per_second_spend(session, job, clock):
