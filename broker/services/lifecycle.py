@@ -355,19 +355,24 @@ def launch_failed(session: Session, attempt_id: str, reason: str, now: datetime)
     if attempt.status == LAUNCHING:
         _end_attempt(session, job, attempt, reason, now)
     session.flush()
-    failures = _consecutive_failures(session, job.id)
+    failures = _consecutive_failures(session, job)
     if failures >= MAX_LAUNCH_FAILURES and not is_terminal(job.status):
         _finish(session, job, JobStatus.FAILED, now, f"{failures} launches failed in a row")
     session.commit()
     return failures
 
 
-def _consecutive_failures(session: Session, job_id: str) -> int:
+def _consecutive_failures(session: Session, job: Job) -> int:
+    """The job's latest launches that failed, in a row. An ``auto`` job's spot launches
+    refused for capacity are not failures: its policy waits for spot or takes on-demand in
+    time (``steering.market_now``)."""
     attempts = session.exec(
-        select(Attempt).where(Attempt.job_id == job_id).order_by(col(Attempt.id).desc())
+        select(Attempt).where(Attempt.job_id == job.id).order_by(col(Attempt.id).desc())
     ).all()
     count = 0
     for attempt in attempts:
+        if job.market == "auto" and attempt.market == "spot" and attempt.end_reason == "capacity":
+            continue
         if attempt.end_reason not in ("capacity", "quota", "failed"):
             break
         count += 1

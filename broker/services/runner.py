@@ -200,6 +200,10 @@ class Runner(Watching):
             excluded = refused_zones(session, now, job_id) | set(exclude_zones)
             self.planning.sync(session)
             market = market or market_now(self.planning, session, job, now, self.tick_hours)
+            if market == "wait":
+                extra = {"job_id": job_id}
+                log.info("waiting for spot: none to be had, no need of on-demand yet", extra=extra)
+                return None  # a later tick asks the policy again
             replan = self.planning.plans_for_job(
                 session, job, now, market=market, exclude_zones=excluded
             )
@@ -259,11 +263,14 @@ class Runner(Watching):
     ) -> Iterator[ChosenPlan]:
         """The plans one launch tries in turn: admission's first plan (on a first launch),
         the re-plan's best; then, for an ``auto`` job whose spot launches were all refused,
-        the best on-demand plan (computed only then), so a round of capacity refusals moves
-        it to on-demand instead of counting towards its launch failures."""
+        the best on-demand plan (computed only then) unless the policy, knowing those
+        refusals, would rather wait for spot (``steering.market_now``)."""
         yield from self._first_plan(session, job)
         yield from choices
         if job.market == "auto" and market != "on_demand":
+            # with those refusals known, the policy may rather wait for spot
+            if market_now(self.planning, session, job, clock.now(), self.tick_hours) == "wait":
+                return
             on_demand = self.planning.plans_for_job(session, job, now, market="on_demand")
             yield from on_demand.choices[:1]
 

@@ -71,10 +71,9 @@ def move_back_excluded(planning: Planning, view: FleetView) -> set[str]:
     run out of spot together: in the bundled traces a zone is down 73-95 % of the time
     another zone of its region is, against 45-90 % of all the time (``docs/architecture.md``).
     """
-    seen = view.history.zones
 
     def fresh(zone: str) -> bool:
-        return zone in seen and seen[zone].last_available
+        return _seen_since(view.history, zone)
 
     regions = {where for zone, where in view.refused_lately.items() if not fresh(zone)}
     if not regions:
@@ -112,11 +111,13 @@ def market_now(
     (even when admission planned on-demand: the planner alone keeps room for a whole run on
     spot and another on on-demand, the policy knows it can leave spot in time), provided
     a spot plan fits what is left; on-demand when the plan says so, or once waiting any
-    longer would put the deadline at risk. The simulated broker may also wait for spot to
-    come back; live, the broker sees spot only by launching, so when every zone it knows
-    has refused or preempted spot lately (``refused_zones``) it starts on-demand rather
-    than wait blind, and ``steer`` moves the job back to spot once a refusal has aged out
-    and the policy still wants spot.
+    longer would put the deadline at risk. When every zone the job knows has refused or
+    preempted spot lately (``FleetView.refused``, unless an attempt has seen spot there
+    since), the policy weighs waiting for spot against on-demand from the chain's expected
+    outage and the job's slack, as the simulator does: "wait" leaves the job waiting for a
+    later tick to ask again (a refusal ages out after ``REFUSED_HOURS``, another job's
+    launch may see spot sooner), and the policy takes on-demand while that still meets the
+    deadline.
     """
     if job.market != "auto":
         return None
@@ -125,8 +126,10 @@ def market_now(
     if state is None:
         return None
     decision = _held(session, job, state, _decide(state), now)
-    if decision.action == policy.Action.ON_DEMAND or not any(state.spot_obtainable):
+    if decision.action == policy.Action.ON_DEMAND:
         return "on_demand"
+    if not any(state.spot_obtainable):
+        return "wait"  # no spot to be had, and the policy would rather wait than pay on-demand
     plan = job_plan(job)
     if decision.action == policy.Action.SPOT and plan is not None and plan.market != "spot":
         refused = view.refused
@@ -340,7 +343,9 @@ def policy_state(
         instance=instance,
         zone=running_spot,
         zones=zones,
-        spot_obtainable=tuple(z == running_spot or z not in refused for z in zones),
+        spot_obtainable=tuple(
+            z == running_spot or z not in refused or _seen_since(live, z) for z in zones
+        ),
         spot_price=spot_price,
         on_demand_price=on_demand_price,
         spent=spent / MICROS_PER_DOLLAR,
@@ -349,6 +354,13 @@ def policy_state(
         on_demand_cost=finish / MICROS_PER_DOLLAR,
         history=history,
     )
+
+
+def _seen_since(live: policy.AvailabilityHistory, zone: str) -> bool:
+    """Whether the broker's attempts last saw spot in ``zone`` (one ran there after its
+    latest refusal)."""
+    seen = live.zones.get(zone)
+    return seen is not None and seen.last_available
 
 
 def _prices(planning: Planning, where: Attempt | ChosenPlan) -> tuple[float, float]:

@@ -156,15 +156,32 @@ def test_budget_exhausted_stops_before_overspending(session, job, clock):
     assert job_reserved(session, job.id) == 0
 
 
-def test_capacity_failures_in_a_row_fail_the_job(session, job, clock):
-    for _ in range(lifecycle.MAX_LAUNCH_FAILURES):
-        attempt, _ = lifecycle.begin_attempt(
-            session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
-        )
+def _refused(session, job, clock, plan, times):  # type: ignore[no-untyped-def]
+    for _ in range(times):
+        attempt, _ = lifecycle.begin_attempt(session, job.id, chosen(plan, SPOT_PRICE), clock.now())
         lifecycle.launch_failed(session, attempt.id, "capacity", clock.now())
+
+
+def test_capacity_failures_in_a_row_fail_the_job(session, clock):
+    team = create_team(session, "s", 1_000_000_000, "month", 0.8, clock.now())
+    spec = JobSpec.model_validate(job_spec(max_cost="20.00", market="spot"))
+    job, _ = admission.submit(session, team.id, spec, clock.now())
+    _refused(session, job, clock, SPOT_PLAN, lifecycle.MAX_LAUNCH_FAILURES)
     reloaded = session.get(Job, job.id)
     assert reloaded.status == "failed"
     assert job_spent(session, job.id) == 0 and job_reserved(session, job.id) == 0
+
+
+def test_an_auto_jobs_spot_refusals_are_not_failures_its_on_demand_ones_are(session, job, clock):
+    # its policy waits for spot or takes on-demand in time: spot capacity is no failure
+    _refused(session, job, clock, SPOT_PLAN, lifecycle.MAX_LAUNCH_FAILURES + 2)
+    assert session.get(Job, job.id).status != "failed"
+    on_demand = {**SPOT_PLAN, "market": "on_demand"}
+    _refused(session, job, clock, on_demand, lifecycle.MAX_LAUNCH_FAILURES - 1)
+    assert session.get(Job, job.id).status != "failed"
+    _refused(session, job, clock, SPOT_PLAN, 1)  # in between: neither counts nor breaks the run
+    _refused(session, job, clock, on_demand, 1)
+    assert session.get(Job, job.id).status == "failed"
 
 
 def test_second_live_attempt_is_refused(session, job, clock):

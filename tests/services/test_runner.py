@@ -14,12 +14,18 @@ from broker.services.agent_reports import report_progress
 from broker.services.launch_request import agent_token
 from broker.services.ledger import job_reserved
 from broker.services.quoting import get_planning
-from broker.services.runner import Runner
+from broker.services.runner import WAITING, Runner
 from broker.services.steering import MOVE_BACK_HOURS, REFUSED_HOURS, candidate_zones
 from broker.services.teams import hash_token
 from broker.services.wiring import agent_secret
 from broker.settings import Settings
-from providers.base import InstanceRef, InstanceState, LaunchRequest, TransientError
+from providers.base import (
+    CapacityError,
+    InstanceRef,
+    InstanceState,
+    LaunchRequest,
+    TransientError,
+)
 from providers.boot import script_exports as exported
 from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen, steady_spot
 
@@ -50,6 +56,20 @@ class Cloud:
 
     def list_managed(self, region: str) -> list[InstanceRef]:
         return []
+
+
+class NoSpotCloud(Cloud):
+    """A cloud whose every zone refuses spot for capacity."""
+
+    def launch(self, request: LaunchRequest) -> InstanceRef:
+        if request.market == "spot":
+            self.refused.append(request)
+            raise CapacityError("no spot capacity")
+        return super().launch(request)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: list[LaunchRequest] = []
 
 
 def runner(engine, cloud: Cloud, secret: str) -> Runner:  # type: ignore[no-untyped-def]
@@ -161,6 +181,38 @@ def test_a_launch_keeps_to_the_reservation_admission_made(session, db_engine, cl
     session.expire_all()
     assert session.get(Job, job.id).status == "running"
     assert job_reserved(session, job.id) == held
+
+
+def test_an_auto_job_refused_spot_everywhere_waits_for_it_while_its_slack_allows(
+    session, db_engine, clock, submit
+):
+    job = submit()  # 48 h to its deadline
+    cloud = NoSpotCloud()
+    hands = runner(db_engine, cloud, "secret")
+    assert hands.launch(job.id) is None
+    assert cloud.refused and not cloud.requests  # spot tried, refused; no on-demand started
+    tried = len(cloud.refused)
+    clock.advance(600)
+    assert hands.launch(job.id) is None  # the next tick: the policy still waits, nothing tried
+    assert len(cloud.refused) == tried and not cloud.requests
+    session.expire_all()
+    assert session.get(Job, job.id).status in WAITING  # a later tick asks again
+
+
+def test_an_auto_job_refused_spot_everywhere_starts_on_demand_when_it_cannot_wait(
+    session, db_engine, clock, submit
+):
+    job = submit(deadline=(clock.now() + timedelta(hours=48)).isoformat())
+    work = session.get(Job, job.id)
+    plan_hours = get_planning().restart_hours(work) + 4.6  # about the plan's run, then tight
+    work.deadline = clock.now() + timedelta(hours=plan_hours)
+    session.add(work)
+    session.commit()
+    cloud = NoSpotCloud()
+    assert runner(db_engine, cloud, "secret").launch(job.id) is not None
+    assert [r.market for r in cloud.requests] == ["on_demand"]
+    session.expire_all()
+    assert session.get(Job, job.id).status == "running"
 
 
 def test_a_tick_launches_the_waiting_jobs_least_slack_first(session, db_engine, clock, submit):

@@ -168,15 +168,50 @@ def test_on_demand_attempt_of_an_on_demand_job_never_moves(session, clock, submi
     assert steer(get_planning(), session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
 
 
-def test_job_refused_spot_in_every_known_zone_starts_on_demand(session, clock, submit):
-    job = submit()
+def test_job_refused_spot_in_every_known_zone_waits_while_its_slack_allows(session, clock, submit):
+    job = submit()  # 48 h to its deadline: time to wait for spot
     planning = get_planning()
     assert market_now(planning, session, job, clock.now(), tick_hours=0.1) is None  # the plan's
     _refuse_spot_everywhere(session, [job, submit(budget=2_000_000_000)], clock)
-    assert market_now(planning, session, job, clock.now(), tick_hours=0.1) == "on_demand"
+    assert market_now(planning, session, job, clock.now(), tick_hours=0.1) == "wait"
     # An hour later the refusal has aged out: spot is worth a try again.
     clock.advance(3600 * 1.5)
     assert market_now(planning, session, job, clock.now(), tick_hours=0.1) is None
+
+
+def test_job_refused_spot_everywhere_starts_on_demand_once_waiting_would_risk_its_deadline(
+    session, clock, submit
+):
+    planning = get_planning()
+    loose = submit()
+    _refuse_spot_everywhere(session, [loose, submit(budget=2_000_000_000)], clock)
+    assert market_now(planning, session, loose, clock.now(), tick_hours=0.1) == "wait"
+    # the same refusals, and a deadline that leaves no time to wait for spot
+    tight = submit(budget=3_000_000_000)
+    state = policy_state(planning, session, tight, None, clock.now(), 0.1)
+    assert state is not None
+    work = state.work_left_hours + state.restart_hours
+    tight.deadline = clock.now() + timedelta(hours=work + 0.1)
+    session.add(tight)
+    session.commit()
+    assert market_now(planning, session, tight, clock.now(), tick_hours=0.1) == "on_demand"
+
+
+def test_a_zone_spot_was_seen_in_since_its_refusal_is_spot_to_be_had_again(
+    session, clock, submit, run_spot
+):
+    job = submit()
+    planning = get_planning()
+    _refuse_spot_everywhere(session, [job, submit(budget=2_000_000_000)], clock)
+    assert market_now(planning, session, job, clock.now(), tick_hours=0.1) == "wait"
+    clock.advance(600)
+    run_spot(submit(budget=3_000_000_000))  # another job's launch gets spot in use1-az1
+    clock.advance(600)
+    state = policy_state(planning, session, job, None, clock.now(), 0.1)
+    assert state is not None
+    obtainable = dict(zip(state.zones, state.spot_obtainable, strict=True))
+    assert obtainable["use1-az1"] and not any(v for z, v in obtainable.items() if z != "use1-az1")
+    assert market_now(planning, session, job, clock.now(), tick_hours=0.1) != "wait"
 
 
 def test_the_policy_sees_the_jobs_own_prices_spend_reservation_and_zones(
