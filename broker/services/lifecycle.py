@@ -65,12 +65,15 @@ def lock_job(session: Session, job_id: str, team_id: str | None = None) -> Job:
 
 
 def live_attempts(session: Session, job_id: str) -> list[Attempt]:
-    """A job's attempts that have not ended (launching or running)."""
+    """A job's attempts that have not ended (launching or running), read afresh: a copy the
+    session holds from an earlier transaction (another worker booked it since) is
+    overwritten, so an attempt ended here ends where its latest booking does."""
     return list(
         session.exec(
             select(Attempt).where(
                 Attempt.job_id == job_id, col(Attempt.status).in_((LAUNCHING, RUNNING))
-            )
+            ),
+            execution_options={"populate_existing": True},
         ).all()
     )
 

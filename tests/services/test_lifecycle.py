@@ -100,6 +100,29 @@ def test_an_end_read_from_an_earlier_clock_keeps_the_ledger_exact(session, job, 
     assert attempt.ended_at == began + timedelta(seconds=1000)
 
 
+def test_an_end_after_another_workers_later_booking_ends_where_that_booking_does(
+    session, job, clock, db_engine
+):
+    attempt, _ = _running(session, job, clock)
+    began = clock.now()
+    clock.advance(900)
+    lifecycle.accrue(session, attempt.id, clock.now(), lookahead_seconds=60, lease_seconds=LEASE)
+    # this worker holds the attempt as booked to 900 s; another books it to 1000 s meanwhile
+    with Session(db_engine, expire_on_commit=False) as other:
+        lifecycle.accrue(
+            other,
+            attempt.id,
+            began + timedelta(seconds=1000),
+            lookahead_seconds=60,
+            lease_seconds=LEASE,
+        )
+    lifecycle.stop(session, job.id, JobStatus.SUCCEEDED, "work reached", clock.now())
+    session.expire_all()
+    ended = session.get(Attempt, attempt.id)
+    assert ended.billed_seconds == 1000
+    assert ended.ended_at == began + timedelta(seconds=1000)  # its run is the time billed
+
+
 def test_an_end_within_the_minimum_billed_time_is_when_it_was_asked(session, job, clock):
     attempt, _ = _running(session, job, clock)
     began = clock.now()
