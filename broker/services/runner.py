@@ -200,12 +200,20 @@ class Runner(Watching):
             excluded = refused_zones(session, now, job_id) | set(exclude_zones)
             self.planning.sync(session)
             market = market or market_now(self.planning, session, job, now, self.tick_hours)
+            tries = 3
             if market == "wait":
-                extra = {"job_id": job_id}
-                log.info("waiting for spot: none to be had, no need of on-demand yet", extra=extra)
-                return None  # a later tick asks the policy again
+                # The policy waits for spot where none was to be had lately: as the simulated
+                # broker keeps a spot request open, ask once a tick for the best spot plan,
+                # refused zones included (a refusal costs nothing and is no launch failure),
+                # and never fall back to on-demand here: a later tick asks the policy again.
+                excluded, tries = set(exclude_zones), 1
+                log.info("waiting for spot: asking for it this tick", extra={"job_id": job_id})
             replan = self.planning.plans_for_job(
-                session, job, now, market=market, exclude_zones=excluded
+                session,
+                job,
+                now,
+                market="spot" if market == "wait" else market,
+                exclude_zones=excluded,
             )
             if replan.stop is not None:
                 self._terminate(
@@ -217,7 +225,7 @@ class Runner(Watching):
             if not may_launch(self.controls, live_counts(session), job.team_id):
                 return None  # the job waits (queued or preempted) for a free slot
             tried: set[tuple[str, str, str, int]] = set()
-            for choice in self._choices(session, job, now, replan.choices[:3], market):
+            for choice in self._choices(session, job, now, replan.choices[:tries], market):
                 offer = (choice.zone, choice.instance_type, choice.market, choice.nodes)
                 if offer in tried:
                     continue
@@ -264,7 +272,11 @@ class Runner(Watching):
         """The plans one launch tries in turn: admission's first plan (on a first launch),
         the re-plan's best; then, for an ``auto`` job whose spot launches were all refused,
         the best on-demand plan (computed only then) unless the policy, knowing those
-        refusals, would rather wait for spot (``steering.market_now``)."""
+        refusals, would rather wait for spot (``steering.market_now``). A job waiting for
+        spot (``market`` "wait") tries the spot plans given, nothing else."""
+        if market == "wait":
+            yield from choices
+            return
         yield from self._first_plan(session, job)
         yield from choices
         if job.market == "auto" and market != "on_demand":

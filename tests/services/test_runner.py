@@ -62,7 +62,7 @@ class NoSpotCloud(Cloud):
     """A cloud whose every zone refuses spot for capacity."""
 
     def launch(self, request: LaunchRequest) -> InstanceRef:
-        if request.market == "spot":
+        if request.market == "spot" and not self.spot_back:
             self.refused.append(request)
             raise CapacityError("no spot capacity")
         return super().launch(request)
@@ -70,6 +70,7 @@ class NoSpotCloud(Cloud):
     def __init__(self) -> None:
         super().__init__()
         self.refused: list[LaunchRequest] = []
+        self.spot_back = False  # True: spot is to be had again
 
 
 def runner(engine, cloud: Cloud, secret: str) -> Runner:  # type: ignore[no-untyped-def]
@@ -183,7 +184,7 @@ def test_a_launch_keeps_to_the_reservation_admission_made(session, db_engine, cl
     assert job_reserved(session, job.id) == held
 
 
-def test_an_auto_job_refused_spot_everywhere_waits_for_it_while_its_slack_allows(
+def test_an_auto_job_refused_spot_everywhere_waits_asking_for_it_each_tick_while_slack_allows(
     session, db_engine, clock, submit
 ):
     job = submit()  # 48 h to its deadline
@@ -193,8 +194,13 @@ def test_an_auto_job_refused_spot_everywhere_waits_for_it_while_its_slack_allows
     assert cloud.refused and not cloud.requests  # spot tried, refused; no on-demand started
     tried = len(cloud.refused)
     clock.advance(600)
-    assert hands.launch(job.id) is None  # the next tick: the policy still waits, nothing tried
-    assert len(cloud.refused) == tried and not cloud.requests
+    # the next tick: the policy still waits, and asks for spot once, as a request kept open
+    assert hands.launch(job.id) is None
+    assert len(cloud.refused) == tried + 1 and not cloud.requests
+    cloud.spot_back = True
+    clock.advance(600)
+    assert hands.launch(job.id) is not None  # the tick after spot came back: on spot
+    assert [r.market for r in cloud.requests] == ["spot"]
     session.expire_all()
     assert session.get(Job, job.id).status in WAITING  # a later tick asks again
 
