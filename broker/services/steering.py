@@ -114,10 +114,9 @@ def market_now(
     longer would put the deadline at risk. When every zone the job knows has refused or
     preempted spot lately (``FleetView.refused``, unless an attempt has seen spot there
     since), the policy weighs waiting for spot against on-demand from the chain's expected
-    outage and the job's slack, as the simulator does: "wait" leaves the job waiting for a
-    later tick to ask again (a refusal ages out after ``REFUSED_HOURS``, another job's
-    launch may see spot sooner), and the policy takes on-demand while that still meets the
-    deadline.
+    outage and the job's slack, as the simulator does: on "wait" the launch asks for spot
+    once a tick, as the simulated broker keeps a spot request open (``Runner.launch``), and
+    the policy takes on-demand while that still meets the deadline.
     """
     if job.market != "auto":
         return None
