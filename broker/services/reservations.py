@@ -179,10 +179,9 @@ def hold(session: Session, job: Job, need: int, want: int, now: datetime) -> int
     ``max_cost`` and its team's free budget allow, when it holds less than ``need``; one
     transaction, committed (the team row is locked only for it). Returns what the job holds
     after it: the top-up is taken only when it reaches ``need``."""
-    held = job_spent(session, job.id) + job_reserved(session, job.id)
     want = min(want, job.max_cost_micros)
-    if held >= need or want < need:
-        return held
+    if want < need:
+        return job_spent(session, job.id) + job_reserved(session, job.id)
     team = lock_team(session, job.team_id)
     held = job_spent(session, job.id) + job_reserved(session, job.id)  # under the lock
     if held >= need:

@@ -197,17 +197,18 @@ class Runner(Watching):
                     )
                 )
                 return None
-            excluded = refused_zones(session, now, job_id) | set(exclude_zones)
             self.planning.sync(session)
             market = market or market_now(self.planning, session, job, now, self.tick_hours)
-            tries = 3
+            excluded, tries = set(exclude_zones), 1
             if market == "wait":
                 # The policy waits for spot where none was to be had lately: as the simulated
                 # broker keeps a spot request open, ask once a tick for the best spot plan,
                 # refused zones included (a refusal costs nothing and is no launch failure),
                 # and never fall back to on-demand here: a later tick asks the policy again.
-                excluded, tries = set(exclude_zones), 1
                 log.info("waiting for spot: asking for it this tick", extra={"job_id": job_id})
+            else:
+                excluded |= refused_zones(session, now, job_id)
+                tries = 3
             replan = self.planning.plans_for_job(
                 session,
                 job,

@@ -71,11 +71,8 @@ def move_back_excluded(planning: Planning, view: FleetView) -> set[str]:
     run out of spot together: in the bundled traces a zone is down 73-95 % of the time
     another zone of its region is, against 45-90 % of all the time (``docs/architecture.md``).
     """
-
-    def fresh(zone: str) -> bool:
-        return _seen_since(view.history, zone)
-
-    regions = {where for zone, where in view.refused_lately.items() if not fresh(zone)}
+    seen = view.history
+    regions = {where for zone, where in view.refused_lately.items() if not _seen_since(seen, zone)}
     if not regions:
         return set(view.refused)
     offers = planning.offers
@@ -83,7 +80,7 @@ def move_back_excluded(planning: Planning, view: FleetView) -> set[str]:
     for provider, region in regions:
         mask |= (offers.provider == provider) & (offers.region == region)
     siblings = {str(zone) for zone in np.unique(offers.zone[mask])} | set(view.refused_lately)
-    return view.refused | {zone for zone in siblings if not fresh(zone)}
+    return view.refused | {zone for zone in siblings if not _seen_since(seen, zone)}
 
 
 def _decide(state: policy.PolicyState) -> policy.Decision:
