@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from anyio import CapacityLimiter, to_thread
 from anyio.lowlevel import RunVar
 from fastapi import Depends, Header, HTTPException, status
 from fastapi.concurrency import run_in_threadpool
+from fastapi.routing import APIRoute
 from sqlmodel import Session
+from starlette._utils import is_async_callable
 
 from broker import clock
 from broker.db.engine import open_session
@@ -50,6 +53,49 @@ async def get_session() -> AsyncIterator[Session]:
             await to_thread.run_sync(session.close, limiter=_closer_threads())
         else:
             session.close()
+
+
+class SessionRoute(APIRoute):
+    """A route whose sync endpoint ends its session's transaction in its own thread.
+
+    FastAPI validates a sync endpoint's return value in another trip to the thread pool, then
+    sends the response and runs background tasks (also in the pool) before the session
+    closes. A read leaves its transaction, and so its connection, open across those waits:
+    with more such requests than the pool holds, the endpoints running in the threads wait
+    for a connection only a waiting request can give back, until the pool's timeout. Every
+    router of the API uses this class (``tests/api/test_route_table.py`` checks it).
+    """
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        if not is_async_callable(endpoint):
+            endpoint = _ending_transactions(endpoint)
+        super().__init__(path, endpoint, **kwargs)
+
+
+def _ending_transactions(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(endpoint)  # FastAPI reads the signature through __wrapped__
+    def run(*args: Any, **kwargs: Any) -> Any:
+        ended = False
+        try:
+            result = endpoint(*args, **kwargs)
+            ended = True
+            return result
+        finally:
+            for value in kwargs.values():
+                if isinstance(value, Session) and value.in_transaction():
+                    end_transaction(value, keep=ended)
+
+    return run
+
+
+def end_transaction(session: Session, keep: bool) -> None:
+    """Give back the connection of what a route read: commit a transaction that wrote
+    nothing (with ``expire_on_commit=False`` what it loaded stays readable), roll back one
+    that failed (``keep`` false) or left changes no service committed."""
+    if keep and not (session.new or session.dirty or session.deleted):
+        session.commit()
+    else:
+        session.rollback()
 
 
 async def get_now() -> datetime:

@@ -19,7 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from broker.api import ui_security
-from broker.api.deps import NowDep, SessionDep
+from broker.api.deps import NowDep, SessionDep, SessionRoute
 from broker.core.job_status import is_terminal
 from broker.db.models import Team
 from broker.services import agent_channel, dashboard, job_logs
@@ -34,7 +34,7 @@ COOKIE = ui_security.COOKIE
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 static = StaticFiles(directory=str(HERE / "static"))
-router = APIRouter(prefix=BASE, include_in_schema=False)
+router = APIRouter(prefix=BASE, include_in_schema=False, route_class=SessionRoute)
 REFRESH_SECONDS = 5
 LOG_LINES = 50
 StoreDep = Annotated[S3CheckpointStore, Depends(agent_channel.get_store)]

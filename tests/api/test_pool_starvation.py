@@ -9,11 +9,13 @@ demo's "the broker API did not answer in time", stop 35's CI failure).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from anyio import to_thread
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,3 +60,26 @@ def test_reads_after_a_new_key_is_checked_in_the_database_never_starve_either(
     answers = _get_all(live_server, requests)
     assert [code for code, _ in answers] == [200] * REQUESTS, answers
     assert max(seconds for _, seconds in answers) < 10, answers
+
+
+def test_a_burst_of_reads_arriving_at_once_never_waits_for_the_connections_it_holds(
+    app, db_engine, make_team, monkeypatch
+):
+    """All at once, as on a loaded machine where requests pile up before the threads run: a
+    read's response is validated in another trip to the thread pool, after its endpoint
+    returned. Holding the read's connection across that trip starved the pool (stop 36's
+    busy demo)."""
+    monkeypatch.setattr(db_engine.pool, "_timeout", 3)  # a starved pool fails in 3 s, not 30
+    _, headers = make_team(limit="100.00")
+    burst = 80  # more than the 8 threads and PostgreSQL's 30 connections together
+
+    async def all_at_once() -> list[httpx.Response | BaseException]:
+        to_thread.current_default_thread_limiter().total_tokens = 8  # the default api_threads
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            gets = [http.get("/v1/jobs", headers=headers) for _ in range(burst)]
+            return await asyncio.gather(*gets, return_exceptions=True)
+
+    answers = asyncio.run(all_at_once())
+    codes = [getattr(answer, "status_code", repr(answer)[:90]) for answer in answers]
+    assert codes == [200] * burst

@@ -198,3 +198,21 @@ def test_team_cannot_reach_other_teams_resources(route, app, client, make_team, 
     _, a_headers = make_team(limit="1000.00")
     b_team, b_headers = make_team(limit="1000.00")
     ISOLATION[route](client, a_headers, b_team, b_headers, admin_headers)
+
+
+def test_every_route_gives_back_its_connection_before_its_response_waits_for_a_thread(app):
+    """Every router is built with ``route_class=SessionRoute`` (``broker/api/deps.py``); a
+    sync endpoint left out would hold a read's connection while its response waits for a
+    thread (``tests/api/test_pool_starvation.py``)."""
+    from fastapi.routing import APIRoute
+
+    from broker.api.deps import SessionRoute
+
+    def walk(routes):  # type: ignore[no-untyped-def]
+        for route in routes:
+            included = getattr(route, "original_router", None)  # FastAPI's included router
+            yield from walk(included.routes) if included is not None else [route]
+
+    routes = [route for route in walk(app.routes) if isinstance(route, APIRoute)]
+    assert len(routes) >= len(_routes(app))
+    assert [r.path for r in routes if not isinstance(r, SessionRoute)] == []

@@ -9,13 +9,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from broker.api.deps import NowDep, SessionDep
+from broker.api.deps import NowDep, SessionDep, SessionRoute
 from broker.api.errors import error_responses
 from broker.api.routes.attempts import TokenDep
 from broker.api.schemas import ID_PATTERN
 from broker.services import agent_reports
 
-router = APIRouter(prefix="/v1/agent", tags=["agent"])
+router = APIRouter(prefix="/v1/agent", tags=["agent"], route_class=SessionRoute)
 
 PYTHON = "text/x-python"
 AttemptQuery = Annotated[str, Query(min_length=1, max_length=64, pattern=ID_PATTERN)]

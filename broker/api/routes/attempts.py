@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, BackgroundTasks, Body, Depends, Header, HTTPException, Query, status
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-from broker.api.deps import NowDep, SessionDep
+from broker.api.deps import NowDep, SessionDep, SessionRoute
 from broker.api.errors import error_responses
 from broker.api.schemas import ResourceId
 from broker.services import agent_channel, dispatch
@@ -19,7 +19,7 @@ from broker.services.job_spec import PRINTABLE
 from providers.base import ProviderError
 from providers.storage import S3CheckpointStore
 
-router = APIRouter(prefix="/v1/attempts", tags=["agent"])
+router = APIRouter(prefix="/v1/attempts", tags=["agent"], route_class=SessionRoute)
 
 LOGS_PATH = r"^/v1/attempts/[^/]+/logs$"
 LOG_BODY_BYTES = 256 * 1024

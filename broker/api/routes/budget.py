@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from broker.api.deps import NowDep, SessionDep, TeamDep
+from broker.api.deps import NowDep, SessionDep, SessionRoute, TeamDep
 from broker.api.errors import error_responses
 from broker.api.present import budget_out, spend_out
 from broker.api.schemas import BudgetOut, SpendOut
@@ -14,7 +14,9 @@ from broker.services import teams
 from broker.services.job_spec import Time
 from broker.services.ledger import spend_report
 
-router = APIRouter(prefix="/v1", tags=["budget"], responses=error_responses(401, 403))
+router = APIRouter(
+    prefix="/v1", tags=["budget"], responses=error_responses(401, 403), route_class=SessionRoute
+)
 
 
 @router.get("/budget", response_model=BudgetOut)

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 
 from broker import clock
-from broker.api.deps import NowDep, SessionDep
+from broker.api.deps import NowDep, SessionDep, SessionRoute
 from broker.services import spend_control
 from broker.services.liveness import Liveness, LivenessMonitor
 from broker.settings import get_settings
@@ -30,7 +30,7 @@ async def _stop_monitor(app: FastAPI) -> AsyncIterator[None]:
         monitor.stop()
 
 
-router = APIRouter(tags=["ops"], lifespan=_stop_monitor)
+router = APIRouter(tags=["ops"], lifespan=_stop_monitor, route_class=SessionRoute)
 
 
 _creating = threading.Lock()

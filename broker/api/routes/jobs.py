@@ -17,7 +17,7 @@ from fastapi import (
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from broker.api.deps import NowDep, SessionDep, TeamDep
+from broker.api.deps import NowDep, SessionDep, SessionRoute, TeamDep
 from broker.api.errors import INFEASIBLE_OR_INVALID, ErrorBody, error_responses
 from broker.api.present import job_out, job_summary
 from broker.api.schemas import ID_PATTERN, JobOut, JobPage, ResourceId
@@ -29,7 +29,9 @@ from broker.settings import get_settings
 from providers.base import ProviderError
 from providers.storage import S3CheckpointStore
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 403))
+router = APIRouter(
+    prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 403), route_class=SessionRoute
+)
 
 IdempotencyKey = Annotated[
     str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200, pattern=PRINTABLE)

@@ -16,7 +16,7 @@ from typing import Annotated
 from fastapi import APIRouter, FastAPI, Header, HTTPException, Response, status
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from broker.api.deps import NowDep, SessionDep
+from broker.api.deps import NowDep, SessionDep, SessionRoute
 from broker.logs import configure_logging
 from broker.services.metrics import render
 from broker.services.teams import authenticate
@@ -29,7 +29,7 @@ async def _logging(_app: FastAPI) -> AsyncIterator[None]:
     yield
 
 
-router = APIRouter(tags=["ops"], lifespan=_logging)
+router = APIRouter(tags=["ops"], lifespan=_logging, route_class=SessionRoute)
 
 
 def may_see_teams(session: SessionDep, authorization: str | None) -> bool:

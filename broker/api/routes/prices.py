@@ -6,13 +6,15 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from broker.api.deps import SessionDep, TeamDep
+from broker.api.deps import SessionDep, SessionRoute, TeamDep
 from broker.api.errors import ValidationErrorBody, error_responses
 from broker.api.present import price_out
 from broker.api.schemas import PricePage
 from broker.services.quoting import get_planning
 
-router = APIRouter(prefix="/v1", tags=["prices"], responses=error_responses(401, 403))
+router = APIRouter(
+    prefix="/v1", tags=["prices"], responses=error_responses(401, 403), route_class=SessionRoute
+)
 Filter = Annotated[str | None, Query(min_length=1, max_length=60)]
 BAD_FILTER = {
     422: {

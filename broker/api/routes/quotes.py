@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from broker.api.deps import NowDep, SessionDep, TeamDep
+from broker.api.deps import NowDep, SessionDep, SessionRoute, TeamDep
 from broker.api.errors import INFEASIBLE_OR_INVALID, error_responses
 from broker.api.present import plan_fields
 from broker.api.schemas import PlanOut
@@ -13,7 +13,9 @@ from broker.services.admission import check_deadline
 from broker.services.job_spec import JobSpec
 from broker.services.quoting import quote_job
 
-router = APIRouter(prefix="/v1", tags=["quotes"], responses=error_responses(401, 403))
+router = APIRouter(
+    prefix="/v1", tags=["quotes"], responses=error_responses(401, 403), route_class=SessionRoute
+)
 
 
 class QuoteOut(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
-from broker.api.deps import AdminDep, NowDep, SessionDep
+from broker.api.deps import AdminDep, NowDep, SessionDep, SessionRoute
 from broker.api.errors import error_responses
 from broker.api.present import team_out
 from broker.api.schemas import KeyCreated, KeyIn, ResourceId, TeamIn, TeamOut, TeamPatch
@@ -12,7 +12,12 @@ from broker.core.money import to_micros
 from broker.services import teams
 from broker.services.ledger import team_budget
 
-router = APIRouter(prefix="/v1/teams", tags=["admin"], responses=error_responses(401, 403))
+router = APIRouter(
+    prefix="/v1/teams",
+    tags=["admin"],
+    responses=error_responses(401, 403),
+    route_class=SessionRoute,
+)
 
 
 @router.post(

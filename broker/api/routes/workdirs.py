@@ -7,13 +7,15 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, HTTPException, status
 from pydantic import BaseModel, Field
 
-from broker.api.deps import TeamDep
+from broker.api.deps import SessionRoute, TeamDep
 from broker.api.errors import ErrorBody, ValidationErrorBody, error_responses
 from broker.services import agent_channel, workdirs
 from providers.base import ProviderError
 from providers.storage import S3CheckpointStore
 
-router = APIRouter(prefix="/v1", tags=["workdirs"], responses=error_responses(401, 403))
+router = APIRouter(
+    prefix="/v1", tags=["workdirs"], responses=error_responses(401, 403), route_class=SessionRoute
+)
 
 PATH = r"^/v1/workdirs/?$"
 """The route's path for the app's body limits (``BROKER_WORKDIR_LIMIT_BYTES`` here)."""
