@@ -232,6 +232,7 @@ def begin_attempt(
     now: datetime,
     token_for: Callable[[str], str] | None = None,
     reserve_up_to: int | None = None,
+    replacing: str | None = None,
 ) -> tuple[Attempt, str] | None:
     """Record a new attempt on ``plan`` (job -> provisioning) before anything is launched.
 
@@ -241,9 +242,19 @@ def begin_attempt(
     difference is reserved from its team's budget (BudgetExceeded if the team lacks it), so
     a re-planned attempt is as covered as the first. Returns the attempt and the token, or
     None when the job has finished or already has a live attempt.
+
+    ``replacing``: the job's running attempt this one is to replace (make before break).
+    It keeps running and the job keeps its status and plan until the new attempt runs
+    (``launch_succeeded`` then ends it); a refused launch leaves it as it was. None when
+    that attempt is not the job's only live one any more.
     """
     job = lock_job(session, job_id)
-    if is_terminal(job.status) or live_attempts(session, job.id):
+    live = live_attempts(session, job.id)
+    if replacing is not None:
+        wanted = [a.id for a in live if a.status == RUNNING] == [replacing] and len(live) == 1
+    else:
+        wanted = not live
+    if is_terminal(job.status) or not wanted:
         session.rollback()
         return None
     if reserve_up_to is not None:
@@ -255,10 +266,11 @@ def begin_attempt(
             except BudgetExceeded:
                 session.rollback()
                 raise
-    _move(job, JobStatus.PROVISIONING, now)
-    job.plan = plan.to_json()
-    job.start_by = plan.start_by(job.deadline)
-    job.work_done = job.checkpointed_work
+    if replacing is None:
+        _move(job, JobStatus.PROVISIONING, now)
+        job.plan = plan.to_json()
+        job.start_by = plan.start_by(job.deadline)
+        job.work_done = job.checkpointed_work
     attempt_id = new_id("att")
     token = token_for(attempt_id) if token_for else "att_" + secrets.token_urlsafe(24)
     attempt = Attempt(
@@ -293,10 +305,14 @@ def launch_succeeded(
     now: datetime,
     *,
     lease_seconds: float,
+    plan: ChosenPlan | None = None,
 ) -> list[ToTerminate]:
     """The cloud has the instance (a gang: every node; ``instance_id`` is node 0's): attempt
     running from now on its first spend lease (up to ``lease_seconds``, within the job's
-    money), job running. Returns what to terminate when the attempt ended meanwhile."""
+    money), job running. Returns what to terminate: the attempt's instance when it ended
+    meanwhile; the attempt it replaces (``begin_attempt``'s ``replacing``), ended here, its
+    spend settled before the new lease, the job on the new attempt from its latest
+    checkpoint and on ``plan`` (the plan launched, when the caller has it)."""
     attempt = locked_attempt(session, attempt_id)
     job = session.get(Job, attempt.job_id)
     assert job is not None
@@ -315,6 +331,17 @@ def launch_succeeded(
         ended = _end_attempt(session, job, attempt, "stopped", now)
         session.commit()
         return ended
+    replaced = [a for a in live_attempts(session, job.id) if a.id != attempt.id]
+    ended = [item for a in replaced for item in _end_attempt(session, job, a, "migrated", now)]
+    # (preempted: the attempt it replaces was lost or preempted meanwhile)
+    if replaced or job.status == JobStatus.PREEMPTED.value:
+        if job.status == JobStatus.PREEMPTED.value:
+            _move(job, JobStatus.PROVISIONING, now)
+        # the new instance restores the latest checkpoint
+        job.work_done = attempt.work_at_start = attempt.work_done = job.checkpointed_work
+        if plan is not None:
+            job.plan = plan.to_json()
+            job.start_by = plan.start_by(job.deadline)
     attempt.instance_id = instance_id
     attempt.status = RUNNING
     attempt.started_at = now
@@ -322,7 +349,7 @@ def launch_succeeded(
     _move(job, JobStatus.RUNNING, now)
     session.add_all([attempt, job])
     session.commit()
-    return []
+    return ended
 
 
 def node_launched(

@@ -162,11 +162,17 @@ class Runner(Watching):
             return row[0]
 
     def launch(
-        self, job_id: str, market: str | None = None, exclude_zones: Iterable[str] = ()
+        self,
+        job_id: str,
+        market: str | None = None,
+        exclude_zones: Iterable[str] = (),
+        replacing: str | None = None,
     ) -> str | None:
         """Launch the job's next plan (or finish a launch under way); returns the attempt id.
         Zones the job refused lately and ``exclude_zones`` are left out unless nothing else
-        fits."""
+        fits. ``replacing``: the job's running attempt to replace (``_replace``)."""
+        if replacing is not None:
+            return self._replace(job_id, replacing, market or "spot", exclude_zones)
         with self._session() as session:
             job = session.get(Job, job_id)
             if job is None or is_terminal(job.status):
@@ -262,6 +268,51 @@ class Runner(Watching):
                     return None
             return None
 
+    def _replace(
+        self, job_id: str, running: str, market: str, exclude_zones: Iterable[str]
+    ) -> str | None:
+        """Make before break: launch the job on ``market`` while its ``running`` attempt goes
+        on, which ends only once the new instance runs (``lifecycle.launch_succeeded``).
+        The best plans on that market outside ``exclude_zones`` and the zones refused lately
+        are tried in turn; when the cloud refuses them all, or the job may not launch now
+        (its budget, no plan), the running attempt simply goes on and nothing is lost:
+        the simulator's move (``broker.sim.simulator._apply``). Returns the new attempt's id."""
+        with self._session() as session:
+            job = session.get(Job, job_id)
+            if job is None or is_terminal(job.status):
+                return None
+            now = clock.now()
+            if now >= job.deadline:
+                return None
+            self.planning.sync(session)
+            excluded = set(exclude_zones) | refused_zones(session, now, job_id)
+            replan = self.planning.plans_for_job(
+                session, job, now, market=market, exclude_zones=excluded
+            )
+            for choice in [c for c in replan.choices[:3] if c.zone not in excluded]:
+                try:
+                    begun = lifecycle.begin_attempt(
+                        session,
+                        job_id,
+                        choice,
+                        now,
+                        token_for=lambda attempt_id: agent_token(
+                            self.agent_secret, attempt_id, job.deadline
+                        ),
+                        reserve_up_to=job_reservation(
+                            self.planning, session, job, choice, now, self.tick_hours, factor=0.0
+                        ),
+                        replacing=running,
+                    )
+                except BudgetExceeded:
+                    return None  # the running attempt goes on; the policy asks again
+                if begun is None:
+                    return None
+                launched = self._launch_attempt(session, job, begun[0], plan=choice)
+                if launched is not None:
+                    return launched
+            return None
+
     def _choices(
         self,
         session: Session,
@@ -305,10 +356,14 @@ class Runner(Watching):
         """Broker-clock hours between two ticks."""
         return self.tick_seconds * clock.scale() / 3600
 
-    def _launch_attempt(self, session: Session, job: Job, attempt: Attempt) -> str | None:
+    def _launch_attempt(
+        self, session: Session, job: Job, attempt: Attempt, plan: ChosenPlan | None = None
+    ) -> str | None:
         """Launch the attempt's instance, or a gang's nodes 0..N-1 in turn (each recorded as
         it returns, each with its own idempotency token, so a retry finds the same ones);
-        a refusal of any node ends the attempt and terminates the nodes already started."""
+        a refusal of any node ends the attempt and terminates the nodes already started.
+        ``plan``: the plan the attempt was begun on (a replacing attempt's becomes the job's
+        once it runs)."""
         provider = self.providers[attempt.provider]
         first: str | None = None
         for rank in range(attempt.nodes):
@@ -337,7 +392,7 @@ class Runner(Watching):
         fault_point("after_launch")
         self._terminate(
             lifecycle.launch_succeeded(
-                session, attempt.id, first, clock.now(), lease_seconds=self.lease_seconds
+                session, attempt.id, first, clock.now(), lease_seconds=self.lease_seconds, plan=plan
             )
         )
         log.info(

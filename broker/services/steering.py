@@ -65,9 +65,10 @@ def move_back_excluded(planning: Planning, view: FleetView) -> set[str]:
     and, unless an attempt has seen spot there since, every zone of a region one of whose
     zones refused or preempted spot within ``MOVE_BACK_HOURS``.
 
-    Live, the on-demand instance ends before the spot one runs, so a move refused for
-    capacity costs a restart; a new job's launch, which risks nothing, finds spot sooner, as
-    the simulator's observed view shows spot only where it was last seen. A region's zones
+    A move refused for capacity once cost a restart (the on-demand instance ended before
+    the spot one ran; now it ends only once spot runs, ``Runner._replace``); a new job's
+    launch, which risks nothing, finds spot sooner, as the simulator's observed view shows
+    spot only where it was last seen. A region's zones
     run out of spot together: in the bundled traces a zone is down 73-95 % of the time
     another zone of its region is, against 45-90 % of all the time (``docs/architecture.md``).
     """
@@ -270,8 +271,7 @@ def _back_to_spot(
 
 def _unrefused(choices: list[ChosenPlan], refused: set[str]) -> bool:
     """A spot plan outside the zones that refused or preempted spot lately (the planner
-    offers them still when nothing else fits: moving there would only be refused again,
-    and the on-demand instance left for it would be lost)."""
+    offers them still when nothing else fits: moving there would only be refused again)."""
     return any(choice.zone not in refused for choice in choices)
 
 

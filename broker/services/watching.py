@@ -392,14 +392,19 @@ class Watching:
         decision = steer(self.planning, session, job, attempt, now, self.tick_hours, view)
         if decision == "continue":
             return
-        # A move back to spot launches outside the zones the policy weighed as without spot.
-        excluded: set[str] = set()
-        if decision == "spot" and view is not None:
-            excluded = move_back_excluded(self.planning, view)
+        if decision == "spot":
+            # Make before break, outside the zones the policy weighed as without spot: the
+            # on-demand attempt ends only once a spot instance runs; a refusal costs nothing.
+            excluded = move_back_excluded(self.planning, view) if view is not None else set()
+            if self.launch(job.id, market="spot", exclude_zones=excluded, replacing=attempt.id):
+                log.info(MOVE_REASONS["spot"], extra={"job_id": job.id, "attempt_id": attempt.id})
+                session.expire(attempt)  # another session ended it
+                calibrate(self.planning, session, attempt.id)
+            return
         self._terminate(lifecycle.migrate(session, attempt.id, MOVE_REASONS[decision], now))
         # Launch on the speeds steer checked the new plan with, then learn from the attempt:
         # a short attempt's noisy speed must not turn that plan into a stop.
-        self.launch(job.id, market=decision, exclude_zones=excluded)
+        self.launch(job.id, market=decision)
         calibrate(self.planning, session, attempt.id)
 
     # -- cleaning up ----------------------------------------------------------------------

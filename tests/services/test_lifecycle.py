@@ -233,6 +233,54 @@ def test_migration_returns_to_provisioning(session, job, clock):
     assert session.get(Job, job.id).status == "provisioning"
 
 
+def test_a_replacing_attempt_leaves_the_running_one_be_until_it_runs_itself(session, job, clock):
+    od_plan = chosen({**SPOT_PLAN, "market": "on_demand"}, 3_060_000)
+    od, _ = lifecycle.begin_attempt(session, job.id, od_plan, clock.now())
+    lifecycle.launch_succeeded(session, od.id, "i-od", clock.now(), lease_seconds=LEASE)
+    clock.advance(600)
+    spot, _ = lifecycle.begin_attempt(
+        session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now(), replacing=od.id
+    )
+    job = session.get(Job, job.id)
+    assert job.status == "running" and job.plan["market"] == "on_demand"
+    # one replacement at a time, and no plain launch beside them
+    again = chosen(SPOT_PLAN, SPOT_PRICE)
+    assert lifecycle.begin_attempt(session, job.id, again, clock.now(), replacing=od.id) is None
+    assert lifecycle.begin_attempt(session, job.id, again, clock.now()) is None
+
+    clock.advance(30)
+    ended = lifecycle.launch_succeeded(
+        session, spot.id, "i-spot", clock.now(), lease_seconds=LEASE, plan=again
+    )
+    assert [t.instance_id for t in ended] == ["i-od"]
+    session.expire_all()
+    od, job = session.get(Attempt, od.id), session.get(Job, job.id)
+    assert (od.status, od.end_reason, od.ended_at) == ("ended", "migrated", clock.now())
+    assert job.status == "running" and job.plan["market"] == "spot"
+    # the on-demand instance is billed to the instant the spot one took over
+    assert od.billed_seconds == 630 and od.cost_micros == cost_micros(3_060_000, 630)
+
+
+def test_a_replacing_launch_whose_running_attempt_was_lost_meanwhile_runs_the_job(
+    session, job, clock
+):
+    od_plan = chosen({**SPOT_PLAN, "market": "on_demand"}, 3_060_000)
+    od, _ = lifecycle.begin_attempt(session, job.id, od_plan, clock.now())
+    lifecycle.launch_succeeded(session, od.id, "i-od", clock.now(), lease_seconds=LEASE)
+    spot, _ = lifecycle.begin_attempt(
+        session, job.id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now(), replacing=od.id
+    )
+    lifecycle.lost(session, od.id, clock.now(), "agent silent")
+    assert session.get(Job, job.id).status == "preempted"
+    assert (
+        lifecycle.launch_succeeded(session, spot.id, "i-spot", clock.now(), lease_seconds=LEASE)
+        == []
+    )
+    session.expire_all()
+    assert session.get(Job, job.id).status == "running"
+    assert session.get(Attempt, spot.id).status == "running"
+
+
 def test_finished_job_cannot_be_stopped_again(session, job, clock):
     lifecycle.stop(session, job.id, JobStatus.DEADLINE_MISSED, "late", clock.now())
     assert lifecycle.stop(session, job.id, JobStatus.FAILED, "x", clock.now()) == []

@@ -305,6 +305,70 @@ def test_a_move_back_to_spot_launches_outside_the_zones_the_policy_ruled_out(
     assert moved.market == "spot" and moved.zone not in ruled_out
 
 
+def test_a_move_back_to_spot_ends_on_demand_only_once_spot_runs_a_refusal_loses_nothing(
+    session, db_engine, clock, submit
+):
+    """Make before break, as the simulator moves: the on-demand instance keeps running while
+    spot is asked for, and ends when a spot instance runs. Before, it was ended first, and
+    a refused spot launch cost a new on-demand start and the work since the checkpoint."""
+    steady_spot(session, clock.now())
+    job = submit()
+    cloud = NoSpotCloud()
+    hands = runner(db_engine, cloud, "secret")
+    od, token = lifecycle.begin_attempt(
+        session,
+        job.id,
+        chosen({**SPOT_PLAN, "market": "on_demand"}, 3_060_000),
+        clock.now(),
+        token_for=lambda attempt_id: agent_token("secret", attempt_id, job.deadline),
+    )
+    lifecycle.launch_succeeded(session, od.id, "i-od", clock.now(), lease_seconds=LEASE)
+    clock.advance(900)
+    report_progress(session, od.id, token, 50, f"jobs/{job.id}/ckpt-50", clock.now())
+    hands.observe(od.id)
+
+    session.expire_all()
+    assert cloud.refused, "the policy moved back to spot: its launch was asked for"
+    assert session.get(Attempt, od.id).status == "running" and cloud.terminated == set()
+    job = session.get(Job, job.id)
+    assert job.status == "running" and job.plan["market"] == "on_demand"
+    attempts = session.exec(select(Attempt).where(Attempt.job_id == job.id)).all()
+    assert {a.end_reason for a in attempts if a.id != od.id} == {"capacity"}
+
+
+def test_a_move_back_to_spot_ends_on_demand_when_spot_runs_the_job_on_the_spot_plan(
+    session, db_engine, clock, submit
+):
+    steady_spot(session, clock.now())
+    job = submit()
+    cloud = Cloud()
+    hands = runner(db_engine, cloud, "secret")
+    od, token = lifecycle.begin_attempt(
+        session,
+        job.id,
+        chosen({**SPOT_PLAN, "market": "on_demand"}, 3_060_000),
+        clock.now(),
+        token_for=lambda attempt_id: agent_token("secret", attempt_id, job.deadline),
+    )
+    lifecycle.launch_succeeded(session, od.id, "i-od", clock.now(), lease_seconds=LEASE)
+    clock.advance(900)
+    report_progress(session, od.id, token, 50, f"jobs/{job.id}/ckpt-50", clock.now())
+    report_progress(session, od.id, token, 60, None, clock.now())  # past the checkpoint
+    hands.observe(od.id)
+
+    session.expire_all()
+    ended = session.get(Attempt, od.id)
+    assert ended.status == "ended" and ended.end_reason == "migrated"
+    assert cloud.terminated == {"i-od"} and [r.market for r in cloud.requests] == ["spot"]
+    moved = session.exec(
+        select(Attempt).where(Attempt.job_id == job.id, Attempt.status == "running")
+    ).one()
+    job = session.get(Job, job.id)
+    assert moved.market == "spot" and job.plan["market"] == "spot" and job.status == "running"
+    assert moved.started_at == ended.ended_at  # the job is never without an instance
+    assert moved.work_at_start == job.work_done == job.checkpointed_work == 50
+
+
 def test_admissions_batched_launches_go_on_past_a_transient_error(
     session, db_engine, clock, submit
 ):
