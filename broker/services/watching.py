@@ -52,17 +52,27 @@ _PLACE = (
 
 def claim(session: Session, attempt_ids: Sequence[str], tick: datetime) -> list[str]:
     """The live attempts among ``attempt_ids`` no batch has observed for ``tick`` (or a later
-    tick), now claimed for it, in the order given: one statement, committed."""
+    tick), now claimed for it, in the order given: one statement, committed.
+
+    On PostgreSQL an attempt whose row another transaction holds (a booking, a report) is
+    skipped (SKIP LOCKED), left to the next tick: the claim then waits for no lock, so it
+    cannot deadlock with a batch booking those attempts in another order (the 2,000-job
+    soak's one ``deadlock detected`` between ``accrue_many`` and a claim)."""
     if not attempt_ids:
         return []
     begin_write(session)
-    statement = (
-        update(Attempt)
+    free = (
+        select(Attempt.id)
         .where(
             one_of(session, Attempt.id, attempt_ids),
             col(Attempt.status).in_((LAUNCHING, RUNNING)),
             or_(col(Attempt.observed_tick).is_(None), col(Attempt.observed_tick) < tick),
         )
+        .with_for_update(skip_locked=True)  # SQLite: no row locks, rendered as nothing
+    )
+    statement = (
+        update(Attempt)
+        .where(col(Attempt.id).in_(free.scalar_subquery()))
         .values(observed_tick=tick)
         .returning(col(Attempt.id))
     )

@@ -13,6 +13,7 @@ import pytest
 from sqlmodel import Session, col, select
 
 from broker.clock import ManualClock
+from broker.db.engine import is_postgres
 from broker.db.models import Attempt, LedgerEntry
 from broker.services import admission, lifecycle
 from broker.services.job_spec import JobSpec
@@ -20,6 +21,7 @@ from broker.services.ledger import SPEND
 from broker.services.quoting import get_planning
 from broker.services.runner import Runner
 from broker.services.teams import create_team
+from broker.services.watching import claim
 from providers.aws import AwsProvider
 from providers.base import TAG_ATTEMPT, TAG_JOB, TAG_TEAM, InstanceRef, LaunchRequest, Provider
 from providers.gcp import GcpProvider
@@ -202,3 +204,24 @@ def test_two_workers_handed_one_ticks_batch_observe_each_attempt_once(
         for attempt in session.exec(select(Attempt)).all():
             if attempt.id in ids:
                 workers[0].terminate(lifecycle.attempt_instances(session, attempt))
+
+
+def test_a_claim_skips_an_attempt_another_transaction_holds_rather_than_wait_for_it(
+    session: Session, db_engine: Any, clock: Any, cloud: LocalCloud
+) -> None:
+    """On PostgreSQL a claim waits for no row lock: one attempt of the batch held by another
+    transaction (a booking of it under way) is left to the next tick, the rest are claimed
+    at once. Waiting, it could deadlock with a batch booking the same attempts in another
+    order (the soak's ``deadlock detected``)."""
+    if not is_postgres(session):
+        pytest.skip("row locks are PostgreSQL's; SQLite's one writer cannot deadlock")
+    ids = _populate(session, _providers(cloud), clock.now(), 3, name="claim-skips")
+    tick = clock.now()
+    with Session(db_engine) as other:
+        other.exec(select(Attempt).where(Attempt.id == ids[1]).with_for_update()).one()
+        with Session(db_engine) as claimer:
+            claimer.connection().exec_driver_sql("SET lock_timeout = '5s'")
+            assert claim(claimer, ids, tick) == [ids[0], ids[2]]
+        other.rollback()
+    with Session(db_engine) as claimer:
+        assert claim(claimer, ids, tick) == [ids[1]]  # once free, claimed for the same tick
