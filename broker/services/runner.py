@@ -222,6 +222,14 @@ class Runner(Watching):
                 market="spot" if market == "wait" else market,
                 exclude_zones=excluded,
             )
+            if replan.stop is not None and job.market == "auto" and market in ("wait", "spot"):
+                # The policy would wait for spot, or take it, but no spot plan meets the
+                # deadline any more: an auto job stops only when on-demand cannot either.
+                market, tries = "on_demand", 3
+                excluded = set(exclude_zones) | refused_zones(session, now, job_id)
+                replan = self.planning.plans_for_job(
+                    session, job, now, market=market, exclude_zones=excluded
+                )
             if replan.stop is not None:
                 self._terminate(
                     lifecycle.stop(
@@ -329,7 +337,7 @@ class Runner(Watching):
         if market == "wait":
             yield from choices
             return
-        yield from self._first_plan(session, job)
+        yield from (p for p in self._first_plan(session, job) if market in (None, p.market))
         yield from choices
         if job.market == "auto" and market != "on_demand":
             # with those refusals known, the policy may rather wait for spot

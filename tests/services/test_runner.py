@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlmodel import select
 
-from broker.db.models import Attempt, Job, Team
+from broker.core.spot_model import family
+from broker.db.models import Attempt, Job, SpotModelRow, Team
 from broker.services import lifecycle
 from broker.services.agent_reports import report_progress
 from broker.services.launch_request import agent_token
@@ -219,6 +220,56 @@ def test_an_auto_job_refused_spot_everywhere_starts_on_demand_when_it_cannot_wai
     assert [r.market for r in cloud.requests] == ["on_demand"]
     session.expire_all()
     assert session.get(Job, job.id).status == "running"
+
+
+@pytest.mark.parametrize("market", ["wait", "spot"])
+def test_an_auto_job_no_spot_plan_can_finish_in_time_starts_on_demand_rather_than_stop(
+    session, db_engine, clock, submit, market, fresh_planning
+):
+    """The policy may still say wait (or spot) when the planner finds no spot plan that meets
+    the deadline (``broker demo``'s ``resnet50-tight``, stopped 2 h before its deadline with
+    on-demand able to finish in 1.4 h): on-demand, not a stop."""
+    job = submit(deadline=(clock.now() + timedelta(hours=48)).isoformat())
+    work, planning = session.get(Job, job.id), get_planning()
+    for tenths in range(30, 200):  # the tightest deadline on-demand alone still meets
+        work.deadline = clock.now() + timedelta(hours=tenths / 10)
+        if planning.plans_for_job(session, work, clock.now(), market="on_demand").choices:
+            break
+    session.add(work)
+    session.commit()
+    for n in range(50):  # spot, as the shared model has it, lasts minutes wherever it is offered
+        spot = planning.plans_for_job(session, work, clock.now(), market="spot")
+        if spot.stop:
+            break
+        for offer in spot.choices:
+            shape = family(offer.provider, offer.instance_type, offer.gpu)
+            fitted = clock.now() + timedelta(seconds=n)  # a new version of the model
+            session.merge(short_lived_spot(offer.provider, offer.zone, shape, fitted))
+        session.commit()
+        planning.sync(session, force=True)
+    assert spot.stop == "deadline_missed"
+    session.commit()  # end the read: what the runner writes is seen below
+    cloud = Cloud()
+    assert runner(db_engine, cloud, "secret").launch(job.id, market=market) is not None
+    assert [r.market for r in cloud.requests] == ["on_demand"]
+    session.expire_all()
+    assert session.get(Job, job.id).status == "running"
+
+
+def short_lived_spot(provider: str, zone: str, shape: str, now: datetime) -> SpotModelRow:
+    """A spot model whose windows last 3 minutes and outages 6 hours."""
+    return SpotModelRow(
+        provider=provider,
+        zone=zone,
+        family=shape,
+        up_runs=[0.05] * 100,
+        down_runs=[6.0] * 100,
+        prior="test",
+        preemptions_per_hour=20.0,
+        mean_window_hours=0.05,
+        mean_outage_hours=6.0,
+        fitted_at=now,
+    )
 
 
 def test_a_tick_launches_the_waiting_jobs_least_slack_first(session, db_engine, clock, submit):
