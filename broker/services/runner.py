@@ -213,7 +213,7 @@ class Runner(Watching):
                 # and never fall back to on-demand here: a later tick asks the policy again.
                 log.info("waiting for spot: asking for it this tick", extra={"job_id": job_id})
             else:
-                excluded |= refused_zones(session, now, job_id)
+                excluded |= refused_zones(session, now, job_id, market=market)
                 tries = 3
             replan = self.planning.plans_for_job(
                 session,
@@ -226,7 +226,7 @@ class Runner(Watching):
                 # The policy would wait for spot, or take it, but no spot plan meets the
                 # deadline any more: an auto job stops only when on-demand cannot either.
                 market, tries = "on_demand", 3
-                excluded = set(exclude_zones) | refused_zones(session, now, job_id)
+                excluded = set(exclude_zones) | refused_zones(session, now, job_id, market=market)
                 replan = self.planning.plans_for_job(
                     session, job, now, market=market, exclude_zones=excluded
                 )
@@ -293,7 +293,7 @@ class Runner(Watching):
             if now >= job.deadline:
                 return None
             self.planning.sync(session)
-            excluded = set(exclude_zones) | refused_zones(session, now, job_id)
+            excluded = set(exclude_zones) | refused_zones(session, now, job_id, market=market)
             replan = self.planning.plans_for_job(
                 session, job, now, market=market, exclude_zones=excluded
             )

@@ -3,6 +3,7 @@ launch hands its instance survives a retried launch after a restart (issue 21)."
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -254,6 +255,26 @@ def test_an_auto_job_no_spot_plan_can_finish_in_time_starts_on_demand_rather_tha
     assert [r.market for r in cloud.requests] == ["on_demand"]
     session.expire_all()
     assert session.get(Job, job.id).status == "running"
+
+
+def test_an_on_demand_launch_may_go_where_the_jobs_spot_was_just_preempted(
+    session, db_engine, clock, submit
+):
+    """A zone out of spot may have on-demand: after a preemption there, the job's on-demand
+    plan in that zone is not left out (the demo's ``resnet50-tight`` paid $3.67/h for an
+    on-demand A100 elsewhere rather than $2.95/h there)."""
+    job = submit()
+    best = get_planning().plans_for_job(session, job, clock.now(), market="on_demand").choices[0]
+    spot, _ = lifecycle.begin_attempt(
+        session, job.id, dataclasses.replace(best, market="spot"), clock.now()
+    )
+    lifecycle.launch_succeeded(session, spot.id, "i-spot", clock.now(), lease_seconds=LEASE)
+    clock.advance(600)
+    lifecycle.preempted(session, spot.id, clock.now())
+    session.commit()
+    cloud = Cloud()
+    assert runner(db_engine, cloud, "secret").launch(job.id, market="on_demand") is not None
+    assert [(r.market, r.zone) for r in cloud.requests] == [("on_demand", best.zone)]
 
 
 def short_lived_spot(provider: str, zone: str, shape: str, now: datetime) -> SpotModelRow:
