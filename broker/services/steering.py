@@ -127,8 +127,9 @@ def market_now(
         return "on_demand"
     if not any(state.spot_obtainable):
         return "wait"  # no spot to be had, and the policy would rather wait than pay on-demand
-    plan = job_plan(job)
-    if decision.action == policy.Action.SPOT and plan is not None and plan.market != "spot":
+    if decision.action == policy.Action.SPOT:
+        # spot, even on a spot plan: the planner's own mix of markets would leave out, for
+        # its on-demand plans too, the zones where the job's spot was refused or preempted
         refused = view.refused
         spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=refused)
         if spot.stop is None and _unrefused(spot.choices, refused):

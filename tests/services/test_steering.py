@@ -171,12 +171,14 @@ def test_on_demand_attempt_of_an_on_demand_job_never_moves(session, clock, submi
 def test_job_refused_spot_in_every_known_zone_waits_while_its_slack_allows(session, clock, submit):
     job = submit()  # 48 h to its deadline: time to wait for spot
     planning = get_planning()
-    assert market_now(planning, session, job, clock.now(), tick_hours=0.1) is None  # the plan's
+    assert market_now(planning, session, job, clock.now(), tick_hours=0.1) == "spot"
     _refuse_spot_everywhere(session, [job, submit(budget=2_000_000_000)], clock)
     assert market_now(planning, session, job, clock.now(), tick_hours=0.1) == "wait"
     # An hour later the refusal has aged out: spot is worth a try again.
     clock.advance(3600 * 1.5)
-    assert market_now(planning, session, job, clock.now(), tick_hours=0.1) is None
+    assert (
+        market_now(planning, session, job, clock.now(), tick_hours=0.1) is None
+    )  # not "wait": the plan (spot) is tried
 
 
 def test_job_refused_spot_everywhere_starts_on_demand_once_waiting_would_risk_its_deadline(
