@@ -246,20 +246,7 @@ class Runner(Watching):
                     continue
                 tried.add(offer)
                 try:
-                    begun = lifecycle.begin_attempt(
-                        session,
-                        job_id,
-                        choice,
-                        now,
-                        token_for=lambda attempt_id: agent_token(
-                            self.agent_secret, attempt_id, job.deadline
-                        ),
-                        # what the budget net needs of the work left on this plan: no
-                        # more, or the job would outgrow its admission's tight reservation
-                        reserve_up_to=job_reservation(
-                            self.planning, session, job, choice, now, self.tick_hours, factor=0.0
-                        ),
-                    )
+                    begun = self._begin(session, job, choice, now)
                 except BudgetExceeded as error:
                     self._terminate(
                         lifecycle.stop(session, job_id, JobStatus.BUDGET_EXHAUSTED, str(error), now)
@@ -275,6 +262,29 @@ class Runner(Watching):
                 if is_terminal(job.status):
                     return None
             return None
+
+    def _begin(
+        self,
+        session: Session,
+        job: Job,
+        choice: ChosenPlan,
+        now: datetime,
+        replacing: str | None = None,
+    ) -> tuple[Attempt, str] | None:
+        """``lifecycle.begin_attempt`` on ``choice``, with the agent's token and what the
+        budget net needs of the work left on this plan: no more, or the job would outgrow
+        its admission's tight reservation."""
+        return lifecycle.begin_attempt(
+            session,
+            job.id,
+            choice,
+            now,
+            token_for=lambda attempt_id: agent_token(self.agent_secret, attempt_id, job.deadline),
+            reserve_up_to=job_reservation(
+                self.planning, session, job, choice, now, self.tick_hours, factor=0.0
+            ),
+            replacing=replacing,
+        )
 
     def _replace(
         self, job_id: str, running: str, market: str, exclude_zones: Iterable[str]
@@ -299,19 +309,7 @@ class Runner(Watching):
             )
             for choice in [c for c in replan.choices[:3] if c.zone not in excluded]:
                 try:
-                    begun = lifecycle.begin_attempt(
-                        session,
-                        job_id,
-                        choice,
-                        now,
-                        token_for=lambda attempt_id: agent_token(
-                            self.agent_secret, attempt_id, job.deadline
-                        ),
-                        reserve_up_to=job_reservation(
-                            self.planning, session, job, choice, now, self.tick_hours, factor=0.0
-                        ),
-                        replacing=running,
-                    )
+                    begun = self._begin(session, job, choice, now, replacing=running)
                 except BudgetExceeded:
                     return None  # the running attempt goes on; the policy asks again
                 if begun is None:
