@@ -18,8 +18,9 @@ Python 3.8+).
 4. End: when the program exits, report /exit with its code and the output's tail. On a notice,
    SIGTERM the program, upload the checkpoint it saves and report /preempted. When the broker
    says stop (should_stop, or 409: the attempt ended), stop the program and quit quietly. When
-   no progress ack has renewed the spend lease in time (the broker is unreachable), stop the
-   program and exit 1. The boot script powers the machine off after the agent exits.
+   no progress ack has renewed the spend lease in time (the broker is unreachable or behind),
+   stop the program, report /lapsed if the broker answers within LAPSE_REPORT_SECONDS, and
+   exit 1. The boot script powers the machine off after the agent exits.
 
 A gang (a multi-node attempt: the run spec's ``gang``) shares one attempt and token; every
 call names the node's rank (BROKER_NODE_RANK). Node 0 picks its address and a free port and
@@ -69,6 +70,7 @@ LINE_BYTES = 64 * 1024  # a longer line (a progress bar without newlines) is spl
 TAIL_LINES = 40
 TAIL_CHARS = 4096
 STOP_GRACE_SECONDS = 30.0
+LAPSE_REPORT_SECONDS = 5.0  # the lapse report's time: the broker may be what is unreachable
 UPLOAD_WAIT_SECONDS = 900.0  # how long an exiting program's last checkpoint may take
 METADATA = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
 NOTICE_FLOOR_SECONDS = 5.0
@@ -715,7 +717,7 @@ class Run:
             if self.halt is not None:
                 return self.stop(*self.halt)
             if self.clock.now() > self.lease_until:
-                return self.stop("no progress ack renewed the lease in time: stopping", 1)
+                return self.lapsed()
             self.wake.wait(0.2)
             self.wake.clear()
 
@@ -780,6 +782,28 @@ class Run:
             say(f"reported the preemption: job {answer.get('job_status')}")
         except Refused as error:
             say(str(error))
+
+    def lapsed(self) -> int:
+        """The lease ended unrenewed: stop the program and, while it winds down, say so to
+        the broker (if it answers), so that the attempt ends now rather than when the
+        broker's sweep finds the lease lapsed."""
+        say("no progress ack renewed the lease in time: stopping")
+        report = self.thread(self.report_lapse)
+        self.wind_down(STOP_GRACE_SECONDS)
+        self.done.set()
+        report.join(LAPSE_REPORT_SECONDS)
+        return 1
+
+    def report_lapse(self) -> None:
+        try:
+            answer = self.broker.attempt(
+                "POST", "lapsed", {}, timeout=LAPSE_REPORT_SECONDS, retry_for=LAPSE_REPORT_SECONDS
+            )
+            say(f"reported the lapsed lease: job {answer.get('job_status')}")
+        except Refused as error:
+            say(str(error))
+        except (HttpError, OSError, http.client.HTTPException) as error:
+            say(f"could not report the lapsed lease: {error}")
 
     def stop(self, reason: str, code: int) -> int:
         say(reason)

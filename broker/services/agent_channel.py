@@ -472,6 +472,34 @@ def preemption_notice(
     return AgentEnd(job.id, job.status, terminate, relaunch=job.status in _WAITING)
 
 
+def lease_lapsed(
+    session: Session,
+    attempt_id: str,
+    token: str,
+    now: datetime,
+    *,
+    node: int = 0,
+    settings: Settings | None = None,
+) -> AgentEnd:
+    """The agent stopped its program at the end of its spend lease (no progress ack renewed
+    it in time): the attempt ends now through ``lifecycle.lease_lapsed``, so an overrun
+    lasts until the agent's report, not until the lease sweep comes round. From any node of
+    a gang, the whole gang ends."""
+    settings = settings or get_settings()
+    attempt, job = _node_call(session, attempt_id, token, node, now)
+    session.commit()
+    lookahead = 2 * settings.tick_seconds * clock.scale()  # what the sweep asks of the money
+    terminate = lifecycle.lease_lapsed(session, attempt.id, now, lookahead)
+    session.refresh(job)
+    log.warning(
+        "node %s's agent stopped at its spend lease's end: job %s",
+        node,
+        job.status,
+        extra={"job_id": job.id, "attempt_id": attempt.id, "team_id": job.team_id},
+    )
+    return AgentEnd(job.id, job.status, terminate, relaunch=job.status in _WAITING)
+
+
 def _learn_speed(session: Session, attempt_id: str) -> None:
     """Fold the ended attempt's speed into the throughput corrections, as the runner does for
     the attempts it ends; what the agent reported is already committed, so a failure here is

@@ -568,6 +568,47 @@ def migrate(session: Session, attempt_id: str, reason: str, now: datetime) -> li
     return ended
 
 
+def lease_lapsed(
+    session: Session, attempt_id: str, now: datetime, lookahead_seconds: float
+) -> list[ToTerminate]:
+    """The attempt's agent stopped its program because no progress ack renewed its spend
+    lease in time: the attempt ends now as a lapsed lease does in ``accrue`` (spend booked
+    to the lease's end, the rest as an overrun), without waiting for the lease sweep to
+    find it. An ended attempt changes nothing. Returns the instances to terminate."""
+    attempt = locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status != RUNNING or is_terminal(job.status):
+        session.rollback()
+        return []
+    return _lapse(session, job, attempt, now, lookahead_seconds)
+
+
+def _lapse(
+    session: Session, job: Job, attempt: Attempt, now: datetime, lookahead_seconds: float
+) -> list[ToTerminate]:
+    """End a running attempt whose lease lapsed (end reason ``lease``) and commit: the job
+    succeeds when its checkpoints hold all the work, stops as budget_exhausted when its
+    money cannot pay for the next ``lookahead_seconds``, else relaunches from its latest
+    checkpoint."""
+    lapsed = attempt.lease_until.isoformat() if attempt.lease_until else "-"
+    ended = _end_attempt(session, job, attempt, "lease", now)
+    session.flush()
+    left = job.max_cost_micros - job_spent(session, job.id)
+    stopped: list[ToTerminate] = []
+    if work_complete(job):
+        stopped = _finish(session, job, JobStatus.SUCCEEDED, now, "work reached (checkpointed)")
+    elif left < cost_micros(attempt.price_micros_per_hour, lookahead_seconds):
+        reason = f"max_cost reached: its spend lease ended at {lapsed}"
+        stopped = _finish(session, job, JobStatus.BUDGET_EXHAUSTED, now, reason)
+    else:
+        _move(job, JobStatus.PREEMPTED, now, f"spend lease lapsed at {lapsed}: stopped")
+        job.work_done = job.checkpointed_work
+        session.add(job)
+    session.commit()
+    return [*ended, *stopped]
+
+
 def accrue(
     session: Session,
     attempt_id: str,
@@ -591,22 +632,7 @@ def accrue(
         session.rollback()
         return []
     if attempt.lease_until is not None and now > attempt.lease_until:
-        lapsed = attempt.lease_until.isoformat()
-        ended = _end_attempt(session, job, attempt, "lease", now)
-        session.flush()
-        left = job.max_cost_micros - job_spent(session, job.id)
-        stopped: list[ToTerminate] = []
-        if work_complete(job):
-            stopped = _finish(session, job, JobStatus.SUCCEEDED, now, "work reached (checkpointed)")
-        elif left < cost_micros(attempt.price_micros_per_hour, lookahead_seconds):
-            reason = f"max_cost reached: its spend lease ended at {lapsed}"
-            stopped = _finish(session, job, JobStatus.BUDGET_EXHAUSTED, now, reason)
-        else:
-            _move(job, JobStatus.PREEMPTED, now, f"spend lease lapsed at {lapsed}: stopped")
-            job.work_done = job.checkpointed_work
-            session.add(job)
-        session.commit()
-        return [*ended, *stopped]
+        return _lapse(session, job, attempt, now, lookahead_seconds)
     booked = bill(session, job, attempt, now)
     session.flush()
     if booked:

@@ -246,6 +246,8 @@ class FakeBroker:
             return 200, {"job_status": "succeeded" if body["exit_code"] == 0 else "failed"}
         if route == "preempted":
             return 200, {"job_status": "preempted"}
+        if route == "lapsed":
+            return 200, {"job_status": "preempted"}
         return 404, {"detail": "no such route"}
 
     def object(

@@ -314,6 +314,7 @@ def test_without_a_lease_renewal_in_time_the_program_is_stopped_and_the_agent_ex
         return 200, {**ack, "should_stop": False, "lease_seconds_left": 3.0}
 
     fake.answers["progress"] = progress
+    fake.answers["lapsed"] = lambda number, body: (503, {"detail": "the broker is down"})
     started = time.monotonic()
     code, _, err = finish(fake.start_agent(tmp_path / "instance"))
 
@@ -323,6 +324,33 @@ def test_without_a_lease_renewal_in_time_the_program_is_stopped_and_the_agent_ex
     assert time.monotonic() - started < 15
     assert not fake.of("exit") and not fake.of("preempted")
     assert len(fake.of("progress")) >= 3  # it kept trying
+    assert "could not report the lapsed lease" in err  # tried, for at most a few seconds
+
+
+def test_a_lease_the_broker_answers_but_does_not_renew_is_reported_lapsed_at_once(
+    fake: FakeBroker, program: Program, tmp_path: Path
+) -> None:
+    """A broker that answers but whose loop fell behind: the agent stops at its lease's end
+    and says so, so the attempt ends then rather than when the broker's sweep comes round."""
+    marker = tmp_path / "stopped"
+    fake.spec.update(
+        command=program(LOOP_UNTIL_SIGTERM.format(marker=str(marker))),
+        lease_seconds_left=3.0,
+        clock_scale=2.0,
+    )
+
+    def progress(number: int, body: dict) -> tuple[int, dict]:
+        ack = {"job_status": "running", "work_done": 0.0, "total_work": 100.0}
+        return 200, {**ack, "should_stop": False, "lease_seconds_left": 0.0 if number > 2 else 3.0}
+
+    fake.answers["progress"] = progress
+    code, _, err = finish(fake.start_agent(tmp_path / "instance"))
+
+    assert code == 1, err
+    assert marker.read_text() == "stopped"
+    assert len(fake.of("lapsed")) == 1 and fake.of("lapsed")[0].body == {}
+    assert "reported the lapsed lease: job preempted" in err
+    assert not fake.of("exit") and not fake.of("preempted")
 
 
 @pytest.mark.parametrize("answer", ["should_stop", "409"])

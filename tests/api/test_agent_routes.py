@@ -12,14 +12,15 @@ from collections.abc import Iterator
 from importlib.resources import files
 
 import pytest
-from sqlmodel import Session
+from sqlmodel import Session, func, select
 
 import broker
 from broker.core.agent_tokens import token_expiry
-from broker.db.models import Attempt, Job
+from broker.db.models import Attempt, Job, LedgerEntry
 from broker.services import agent_channel, agent_reports, lifecycle
 from broker.services.job_spec import JobSpec
 from broker.services.launch_request import agent_token
+from broker.services.ledger import SPENT_KINDS
 from broker.services.plans import job_plan
 from broker.settings import get_settings
 from tests.helpers import LEASE, job_spec
@@ -198,6 +199,7 @@ def _agent_calls(attempt_id: str) -> list[tuple[str, str, dict]]:
         ),
         ("POST", f"{base}/exit", {"json": {"exit_code": 0, "tail": ""}}),
         ("POST", f"{base}/preempted", {"json": {"reason": "notice"}}),
+        ("POST", f"{base}/lapsed", {"json": {}}),
         ("GET", "/v1/agent", {"params": {"attempt": attempt_id}}),
         ("GET", "/v1/agent/sdk", {"params": {"attempt": attempt_id}}),
     ]
@@ -417,6 +419,45 @@ def test_a_preemption_notice_ends_the_attempt_at_once(client, running, db_engine
     attempt = attempt_row(db_engine, attempt_id)
     assert (attempt.end_reason, attempt.billed_seconds) == ("preempted", 300)
     assert job_row(db_engine, job_id).status_reason.endswith(": instance-action: terminate")
+
+
+def _spent(db_engine, attempt_id: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    with Session(db_engine) as session:
+        rows = session.exec(
+            select(LedgerEntry.kind, func.sum(LedgerEntry.amount_micros))
+            .where(LedgerEntry.attempt_id == attempt_id)
+            .group_by(LedgerEntry.kind)
+        ).all()
+    return {kind: int(amount) for kind, amount in rows if kind in SPENT_KINDS}
+
+
+def test_a_lapsed_lease_report_ends_the_attempt_then_booking_the_rest_as_an_overrun(
+    client, running, db_engine, clock
+):
+    job_id, attempt_id, token, _ = running()
+    clock.advance(LEASE + 120)  # the loop fell behind: nobody renewed the lease
+    response = client.post(f"/v1/attempts/{attempt_id}/lapsed", json={}, headers=bearer(token))
+    assert response.status_code == 200 and response.json() == {"job_status": "preempted"}
+    attempt = attempt_row(db_engine, attempt_id)
+    assert (attempt.end_reason, attempt.billed_seconds) == ("lease", LEASE + 120)
+    spent = _spent(db_engine, attempt_id)
+    assert spent["spend"] + spent["overrun"] == attempt.cost_micros
+    assert abs(spent["overrun"] - attempt.price_micros_per_hour * 120 / 3600) <= 1
+    assert job_row(db_engine, job_id).status_reason.startswith("spend lease lapsed at ")
+    again = client.post(f"/v1/attempts/{attempt_id}/lapsed", json={}, headers=bearer(token))
+    assert again.status_code == 409  # ended: nothing more to say
+
+
+def test_a_lapsed_lease_report_ahead_of_the_brokers_clock_books_no_overrun(
+    client, running, db_engine, clock
+):
+    _, attempt_id, token, _ = running()
+    clock.advance(LEASE - 30)  # the agent's clock ran a little ahead of the broker's
+    response = client.post(f"/v1/attempts/{attempt_id}/lapsed", json={}, headers=bearer(token))
+    assert response.status_code == 200, response.text
+    attempt = attempt_row(db_engine, attempt_id)
+    assert (attempt.end_reason, attempt.billed_seconds) == ("lease", LEASE - 30)
+    assert set(_spent(db_engine, attempt_id)) == {"spend"}
 
 
 # -- the agent's own code -----------------------------------------------------------------

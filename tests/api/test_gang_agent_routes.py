@@ -147,6 +147,7 @@ def test_a_rank_the_gang_does_not_have_is_a_422_naming_node_on_every_route(clien
         ("progress", {"work_done": 0, "node": 2}),
         ("exit", {"exit_code": 1, "node": 2}),
         ("preempted", {"reason": "x", "node": 2}),
+        ("lapsed", {"node": 2}),
     ):
         answer = client.post(f"{base}/{route}", json=body, headers=bearer(token))
         assert refused_field(answer) == [["body", "node"]], route

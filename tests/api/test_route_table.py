@@ -167,6 +167,9 @@ ISOLATION: dict[tuple[str, str], Case] = {
     ("POST", "/v1/attempts/{attempt_id}/preempted"): _agent_route(
         "POST", "/v1/attempts/{attempt_id}/preempted", json={"reason": "x"}
     ),
+    ("POST", "/v1/attempts/{attempt_id}/lapsed"): _agent_route(
+        "POST", "/v1/attempts/{attempt_id}/lapsed", json={}
+    ),
     ("POST", "/v1/attempts/{attempt_id}/rendezvous"): _agent_route(
         "POST", "/v1/attempts/{attempt_id}/rendezvous", json={"addr": "10.0.0.1", "port": 1}
     ),

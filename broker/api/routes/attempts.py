@@ -165,6 +165,11 @@ class PreemptedIn(BaseModel):
     node: int = NODE_FIELD
 
 
+class LapsedIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: int = NODE_FIELD
+
+
 class JobStatusOut(BaseModel):
     job_status: str
 
@@ -299,4 +304,21 @@ def preemption_notice(
     end = agent_channel.preemption_notice(
         session, attempt_id, token, body.reason, now, node=body.node
     )
+    return _carry_out(end, background)
+
+
+@router.post("/{attempt_id}/lapsed", response_model=JobStatusOut, responses=WITH_BODY)
+def lease_lapsed(
+    attempt_id: ResourceId,
+    body: LapsedIn,
+    session: SessionDep,
+    now: NowDep,
+    token: TokenDep,
+    background: BackgroundTasks,
+) -> JobStatusOut:
+    """The agent stopped the program because its spend lease ended unrenewed: the attempt
+    ends now (end reason ``lease``; time past the lease booked as an overrun), its instance
+    is terminated, and the job relaunches from its latest checkpoint or stops as
+    ``budget_exhausted``. From any node of a gang, the whole gang ends."""
+    end = agent_channel.lease_lapsed(session, attempt_id, token, now, node=body.node)
     return _carry_out(end, background)
