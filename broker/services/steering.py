@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 import numpy as np
-from sqlalchemy import ColumnElement
+from sqlalchemy import ColumnElement, func
 from sqlmodel import Session, col, select
 
 from broker.core import policy
@@ -35,30 +35,53 @@ log = logging.getLogger(__name__)
 
 Steer = Literal["continue", "on_demand", "spot"]
 REFUSED_HOURS = 1.0  # a zone that refused or preempted spot this recently is taken as out of it
+MOVE_BACK_HOURS = 3.0  # ... and this long for leaving a running on-demand instance for it
 
 
 @dataclass(frozen=True)
 class FleetView:
     """What every job's decision at one instant shares, read once for a batch of them: spot
-    availability as the broker's own attempts saw it (``spot_history``) and the zones that
-    refused or preempted spot within ``REFUSED_HOURS`` (``refused``)."""
+    availability as the broker's own attempts saw it (``spot_history``), the zones that
+    refused or preempted spot lately (``refused``: within ``REFUSED_HOURS``) and those that
+    did within ``MOVE_BACK_HOURS``, with their (provider, region) (``refused_lately``)."""
 
     history: policy.AvailabilityHistory
     refused: set[str]
+    refused_lately: dict[str, tuple[str, str]]
 
 
 def fleet_view(session: Session, now: datetime) -> FleetView:
     """The fleet's view at ``now`` (two queries)."""
-    return FleetView(spot_history(session, now), spot_refusals(session, now, REFUSED_HOURS))
+    last = last_refusals(session, now, MOVE_BACK_HOURS)
+    recent = now - timedelta(hours=REFUSED_HOURS)
+    refused = {zone for zone, (at, _) in last.items() if at >= recent}
+    lately = {zone: where for zone, (_, where) in last.items()}
+    return FleetView(spot_history(session, now), refused, lately)
 
 
-def spot_refused(view: FleetView) -> set[str]:
-    """Zones the policy weighs as without spot, and a move back to spot skips: those that
-    refused or preempted spot within ``REFUSED_HOURS`` where no attempt has seen spot since.
-    A move back refused costs only the cloud call (the on-demand attempt ends only once spot
-    runs, ``Runner._replace``), so it needs no rule of its own: the simulator's policy
-    decides it on the same view."""
-    return {zone for zone in view.refused if not _seen_since(view.history, zone)}
+def move_back_excluded(planning: Planning, view: FleetView) -> set[str]:
+    """Zones a running on-demand attempt does not leave for (the policy weighs them as
+    without spot, the move's launch skips them): those refused within ``REFUSED_HOURS``,
+    and, unless an attempt has seen spot there since, every zone of a region one of whose
+    zones refused or preempted spot within ``MOVE_BACK_HOURS``.
+
+    A move refused for capacity once cost a restart (the on-demand instance ended before
+    the spot one ran; now it ends only once spot runs, ``Runner._replace``); a new job's
+    launch, which risks nothing, finds spot sooner, as the simulator's observed view shows
+    spot only where it was last seen. A region's zones
+    run out of spot together: in the bundled traces a zone is down 73-95 % of the time
+    another zone of its region is, against 45-90 % of all the time (``docs/architecture.md``).
+    """
+    seen = view.history
+    regions = {where for zone, where in view.refused_lately.items() if not _seen_since(seen, zone)}
+    if not regions:
+        return set(view.refused)
+    offers = planning.offers
+    mask = np.zeros(len(offers), bool)
+    for provider, region in regions:
+        mask |= (offers.provider == provider) & (offers.region == region)
+    siblings = {str(zone) for zone in np.unique(offers.zone[mask])} | set(view.refused_lately)
+    return view.refused | {zone for zone in siblings if not _seen_since(seen, zone)}
 
 
 def _decide(state: policy.PolicyState) -> policy.Decision:
@@ -222,18 +245,24 @@ def _back_to_spot(
     tick_hours: float,
     view: FleetView,
 ) -> Steer:
-    """Spot when the policy would leave on-demand for spot (the move paying for the work
-    since the checkpoint) and a spot plan fits what is left outside ``spot_refused``."""
+    """Spot when the policy would leave on-demand for spot (in a zone outside
+    ``move_back_excluded``, the move paying for the work since the checkpoint) and a
+    spot plan fits what is left outside those zones."""
     if job.market != "auto":
         return "continue"
     state = policy_state(planning, session, job, attempt, now, tick_hours, view)
     if state is None:
         return "continue"
+    excluded = move_back_excluded(planning, view)
+    last_seen = tuple(
+        obtainable and zone not in excluded
+        for zone, obtainable in zip(state.zones, state.spot_obtainable, strict=True)
+    )
+    state = state.with_(spot_obtainable=last_seen)
     if _held(session, job, state, _decide(state), now).action != policy.Action.SPOT:
         return "continue"
-    # The launch skips the same zones (``Runner.launch``'s ``exclude_zones``): a spot plan
-    # must fit outside them.
-    excluded = spot_refused(view)
+    # The launch skips the excluded zones too (``Runner.launch``'s ``exclude_zones``): a
+    # spot plan must fit outside them.
     spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=excluded)
     if not _unrefused(spot.choices, excluded):
         return "continue"
@@ -430,12 +459,17 @@ def refused_zones(
     return set(session.exec(query).all())
 
 
-def spot_refusals(session: Session, now: datetime, hours: float) -> set[str]:
-    """The zones whose spot refused a launch or preempted an instance within ``hours``."""
+def last_refusals(
+    session: Session, now: datetime, hours: float
+) -> dict[str, tuple[datetime, tuple[str, str]]]:
+    """Each zone whose spot refused a launch or preempted an instance within ``hours``, with
+    the latest such time and the zone's (provider, region)."""
     rows = session.exec(
-        select(Attempt.zone).where(*_refusals(now, hours), Attempt.market == "spot").distinct()
+        select(Attempt.zone, Attempt.provider, Attempt.region, func.max(Attempt.ended_at))
+        .where(*_refusals(now, hours), Attempt.market == "spot")
+        .group_by(col(Attempt.zone), col(Attempt.provider), col(Attempt.region))
     ).all()
-    return {zone for zone in rows if zone}
+    return {zone: (at, (provider, region)) for zone, provider, region, at in rows if at is not None}
 
 
 def _refusals(now: datetime, hours: float) -> tuple[ColumnElement[bool], ...]:

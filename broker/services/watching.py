@@ -29,7 +29,7 @@ from broker.services.lifecycle import LAUNCHING, RUNNING, ToTerminate
 from broker.services.metrics import PROVIDER_ERRORS
 from broker.services.quoting import Planning
 from broker.services.spend_control import SpendControls, leases_due
-from broker.services.steering import FleetView, fleet_view, spot_refused, steer
+from broker.services.steering import FleetView, fleet_view, move_back_excluded, steer
 from providers.base import InstanceNotFound, InstanceRef, InstanceState, Provider, TransientError
 
 log = logging.getLogger(__name__)
@@ -405,7 +405,7 @@ class Watching:
         if decision == "spot":
             # Make before break, outside the zones the policy weighed as without spot: the
             # on-demand attempt ends only once a spot instance runs; a refusal costs nothing.
-            excluded = spot_refused(view) if view is not None else set()
+            excluded = move_back_excluded(self.planning, view) if view is not None else set()
             if self.launch(job.id, market="spot", exclude_zones=excluded, replacing=attempt.id):
                 log.info(MOVE_REASONS["spot"], extra={"job_id": job.id, "attempt_id": attempt.id})
                 session.expire(attempt)  # another session ended it

@@ -145,9 +145,9 @@ def test_auto_job_on_on_demand_moves_back_to_spot_when_spot_returns(stack: Any) 
     from broker.db.models import Attempt
 
     api = Api(stack)
-    # Work enough that the move back still pays once the zones' refusals are REFUSED_HOURS
-    # old, with room for a loop lagging on a loaded machine (6 h of work once left 3 broker
-    # hours, seconds of wall time, to move in: CI's PostgreSQL run finished on on-demand first).
+    # Work enough that the move back still pays once the zones' refusals are MOVE_BACK_HOURS
+    # old, with room for a loop lagging on a loaded machine (6 h of work left 3 broker hours,
+    # seconds of wall time, to move in: CI's PostgreSQL run once finished on on-demand first).
     spec = api.spec(hours=12.0, deadline_hours=30.0, market="auto")
     spot_plans = every_spot_zone()
     for plan in spot_plans:

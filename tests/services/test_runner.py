@@ -17,7 +17,7 @@ from broker.services.launch_request import agent_token
 from broker.services.ledger import job_reserved
 from broker.services.quoting import get_planning
 from broker.services.runner import WAITING, Runner
-from broker.services.steering import REFUSED_HOURS, candidate_zones
+from broker.services.steering import MOVE_BACK_HOURS, REFUSED_HOURS, candidate_zones
 from broker.services.teams import hash_token
 from broker.services.wiring import agent_secret
 from broker.settings import Settings
@@ -340,9 +340,9 @@ def test_a_move_back_to_spot_launches_outside_the_zones_the_policy_ruled_out(
 ):
     steady_spot(session, clock.now())
     zones = candidate_zones(get_planning(), "aws", SPOT_PLAN["instance_type"], "use1-az1")
-    # Spot refused half an hour ago (within REFUSED_HOURS) in every zone of the shape but
-    # the dearest, where another job runs on spot: the policy weighs the others as without
-    # spot, and so must the launch (any other zone, or cloud, may do).
+    # Spot refused 1.5 h ago (past REFUSED_HOURS, within MOVE_BACK_HOURS) in every zone of
+    # the shape but the dearest, where another job runs on spot: the policy weighs the
+    # others as without spot, and so must the launch (any other zone, or cloud, may do).
     dearest, ruled_out = zones[-1], zones[:-1]
     others = [submit(budget=2_000_000_000 + n) for n in range(3)]
     there, _ = lifecycle.begin_attempt(
@@ -353,7 +353,8 @@ def test_a_move_back_to_spot_launches_outside_the_zones_the_policy_ruled_out(
         plan = chosen({**SPOT_PLAN, "zone": zone}, SPOT_PRICE)
         refused, _ = lifecycle.begin_attempt(session, others[i % 2].id, plan, clock.now())
         lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
-    clock.advance(int(3600 * REFUSED_HOURS / 2))
+    clock.advance(int(3600 * (REFUSED_HOURS + 0.5)))
+    assert REFUSED_HOURS + 0.5 < MOVE_BACK_HOURS
 
     job = submit()
     cloud = Cloud()

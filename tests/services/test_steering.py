@@ -15,12 +15,13 @@ from broker.services.plans import job_plan
 from broker.services.quoting import get_planning
 from broker.services.reservations import finish_on_demand, offer_prices
 from broker.services.steering import (
+    MOVE_BACK_HOURS,
     REFUSED_HOURS,
     candidate_zones,
     fleet_view,
     market_now,
+    move_back_excluded,
     policy_state,
-    spot_refused,
     steer,
 )
 from tests.helpers import LEASE, SPOT_PLAN, SPOT_PRICE, chosen, steady_spot
@@ -135,11 +136,19 @@ def test_on_demand_attempt_stays_when_spot_was_last_refused_or_the_deadline_is_c
     # Its spot launches in every zone of the shape are refused: no spot for a while.
     _refuse_spot_everywhere(session, [other, submit(budget=3_000_000_000)], clock)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
-    # Once the refusals are REFUSED_HOURS old, spot is worth a try again: a move refused
-    # costs only the cloud call (the on-demand instance ends once spot runs).
-    clock.advance(int(3600 * REFUSED_HOURS) + 60)
+    clock.advance(3600 * 1.5)
     agent_reports.record_progress(
         session, attempt.id, token, 60, f"jobs/{job.id}/ckpt-60", clock.now()
+    )
+    job = session.get(Job, job.id)
+    # The refusals are past the hour a launch avoids a zone for, but spot was last seen
+    # refused everywhere: leaving the on-demand instance blind would cost a restart if
+    # refused again (a new job's launch, which risks nothing, finds out). Stay...
+    assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "continue"
+    # ... for MOVE_BACK_HOURS; then try.
+    clock.advance(3600 * (MOVE_BACK_HOURS - 1.5) + 60)
+    agent_reports.record_progress(
+        session, attempt.id, token, 70, f"jobs/{job.id}/ckpt-70", clock.now()
     )
     job = session.get(Job, job.id)
     assert steer(planning, session, job, attempt, clock.now(), tick_hours=0.1) == "spot"
@@ -378,29 +387,33 @@ def test_a_shape_s_zones_are_those_offering_its_gpus_on_spot() -> None:
     assert set(zones) <= set(every)
 
 
-def test_a_move_back_skips_a_zone_refused_within_the_hour_until_spot_is_seen_there(
+def test_a_refusal_keeps_a_move_back_out_of_its_region_until_spot_is_seen_there(
     session, clock, submit
 ):
-    """Only the zones the policy itself weighs as without spot: no rule of the live broker's
-    own (before, a refusal kept a move back out of its whole region for 3 h; the simulator
-    has no such rule, and with make before break a refused move costs only the call)."""
     planning = get_planning()
     refused, _ = lifecycle.begin_attempt(
         session, submit().id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
     )
     lifecycle.launch_failed(session, refused.id, "capacity", clock.now())  # use1-az1
-    clock.advance(int(3600 * REFUSED_HOURS / 2))
+    clock.advance(int(3600 * (REFUSED_HOURS + 0.5)))
     zones = candidate_zones(planning, "aws", SPOT_PLAN["instance_type"], "use1-az1")
     east = {z for z in zones if z.startswith("use1-")}
-    assert len(east) > 1
-    assert spot_refused(fleet_view(session, clock.now())) == {"use1-az1"}
-    # Spot seen there since (another job's attempt runs): open again.
+    others = set(zones) - east
+    assert len(east) > 1 and others
+    # Past the hour a launch avoids the zone, a move back avoids its whole region: a
+    # region's zones run out of spot together.
+    excluded = move_back_excluded(planning, fleet_view(session, clock.now()))
+    assert east <= excluded and not others & excluded
+    # A zone of it where an attempt has seen spot since is open again; the rest stay closed.
     seen, _ = lifecycle.begin_attempt(
-        session, submit(budget=2_000_000_000).id, chosen(SPOT_PLAN, SPOT_PRICE), clock.now()
+        session,
+        submit(budget=2_000_000_000).id,
+        chosen({**SPOT_PLAN, "zone": sorted(east - {"use1-az1"})[0]}, SPOT_PRICE),
+        clock.now(),
     )
     lifecycle.launch_succeeded(session, seen.id, "i-seen", clock.now(), lease_seconds=LEASE)
-    assert spot_refused(fleet_view(session, clock.now())) == set()
-    lifecycle.preempted(session, seen.id, clock.now())  # and lost again
-    assert spot_refused(fleet_view(session, clock.now())) == {"use1-az1"}
-    clock.advance(int(3600 * REFUSED_HOURS) + 1)
-    assert spot_refused(fleet_view(session, clock.now())) == set()
+    excluded = move_back_excluded(planning, fleet_view(session, clock.now()))
+    assert excluded & set(zones) == east - {seen.zone}
+    # Once the refusal is MOVE_BACK_HOURS old, nothing is.
+    clock.advance(int(3600 * (MOVE_BACK_HOURS - REFUSED_HOURS)))
+    assert move_back_excluded(planning, fleet_view(session, clock.now())) == set()
