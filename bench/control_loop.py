@@ -125,7 +125,7 @@ def _one_size(args: argparse.Namespace, count: int, folder: Path) -> dict[str, A
             finally:
                 cloud.faults.decide = decide  # type: ignore[method-assign]
             if profiler is not None:
-                pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+                pstats.Stats(profiler).sort_stats(args.profile_sort).print_stats(40)
     finally:
         engine.dispose()
         drop()
@@ -149,6 +149,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument(
         "--profile", action="store_true", help="print where the tick's own thread spends its time"
+    )
+    parser.add_argument(
+        "--profile-sort",
+        default="cumulative",
+        choices=["cumulative", "tottime"],
+        help="the profile's order: cumulative time, or time in each function itself",
     )
     parser.add_argument(
         "--database-url",
