@@ -318,7 +318,8 @@ def lease_lapsed(
 ) -> JobStatusOut:
     """The agent stopped the program because its spend lease ended unrenewed: the attempt
     ends now (end reason ``lease``; time past the lease booked as an overrun), its instance
-    is terminated, and the job relaunches from its latest checkpoint or stops as
-    ``budget_exhausted``. From any node of a gang, the whole gang ends."""
+    is terminated, and the job relaunches from its latest checkpoint, stops as
+    ``budget_exhausted``, or succeeds when its checkpoints hold all its work. From any node
+    of a gang, the whole gang ends."""
     end = agent_channel.lease_lapsed(session, attempt_id, token, now, node=body.node)
     return _carry_out(end, background)
