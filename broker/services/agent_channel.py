@@ -35,7 +35,7 @@ from broker.services import agent_reports, lifecycle
 from broker.services.calibration import calibrate
 from broker.services.lifecycle import ToTerminate
 from broker.services.quoting import get_planning
-from broker.services.spend_control import SpendControls
+from broker.services.spend_control import SpendControls, lookahead_seconds
 from broker.settings import Settings, get_settings
 from providers.registry import build_checkpoint_store
 from providers.storage import S3CheckpointStore
@@ -488,7 +488,7 @@ def lease_lapsed(
     settings = settings or get_settings()
     attempt, job = _node_call(session, attempt_id, token, node, now)
     session.commit()
-    lookahead = 2 * settings.tick_seconds * clock.scale()  # what the sweep asks of the money
+    lookahead = lookahead_seconds(settings.tick_seconds * clock.scale())
     terminate = lifecycle.lease_lapsed(session, attempt.id, now, lookahead)
     session.refresh(job)
     log.warning(

@@ -418,6 +418,18 @@ def locked_attempt(session: Session, attempt_id: str) -> Attempt:
     return attempt
 
 
+def _locked_running(session: Session, attempt_id: str) -> tuple[Attempt, Job] | None:
+    """The attempt, its job locked (``locked_attempt``), while the attempt runs and the job
+    has not finished; else None, the transaction rolled back (nothing to change)."""
+    attempt = locked_attempt(session, attempt_id)
+    job = session.get(Job, attempt.job_id)
+    assert job is not None
+    if attempt.status != RUNNING or is_terminal(job.status):
+        session.rollback()
+        return None
+    return attempt, job
+
+
 def preempted(
     session: Session, attempt_id: str, now: datetime, reason: str | None = None
 ) -> list[ToTerminate]:
@@ -554,12 +566,10 @@ def lost(
 
 def migrate(session: Session, attempt_id: str, reason: str, now: datetime) -> list[ToTerminate]:
     """Leave a running attempt on purpose (e.g. spot -> on-demand): job back to provisioning."""
-    attempt = locked_attempt(session, attempt_id)
-    job = session.get(Job, attempt.job_id)
-    assert job is not None
-    if attempt.status != RUNNING or is_terminal(job.status):
-        session.rollback()
+    running = _locked_running(session, attempt_id)
+    if running is None:
         return []
+    attempt, job = running
     ended = _end_attempt(session, job, attempt, "migrated", now)
     _move(job, JobStatus.PROVISIONING, now, reason)
     job.work_done = job.checkpointed_work
@@ -575,12 +585,10 @@ def lease_lapsed(
     lease in time: the attempt ends now as a lapsed lease does in ``accrue`` (spend booked
     to the lease's end, the rest as an overrun), without waiting for the lease sweep to
     find it. An ended attempt changes nothing. Returns the instances to terminate."""
-    attempt = locked_attempt(session, attempt_id)
-    job = session.get(Job, attempt.job_id)
-    assert job is not None
-    if attempt.status != RUNNING or is_terminal(job.status):
-        session.rollback()
+    running = _locked_running(session, attempt_id)
+    if running is None:
         return []
+    attempt, job = running
     return _lapse(session, job, attempt, now, lookahead_seconds)
 
 
@@ -625,12 +633,10 @@ def accrue(
     when that money does not cover the next ``lookahead_seconds``, the job stops as
     budget_exhausted.
     """
-    attempt = locked_attempt(session, attempt_id)
-    job = session.get(Job, attempt.job_id)
-    assert job is not None
-    if attempt.status != RUNNING or is_terminal(job.status):
-        session.rollback()
+    running = _locked_running(session, attempt_id)
+    if running is None:
         return []
+    attempt, job = running
     if attempt.lease_until is not None and now > attempt.lease_until:
         return _lapse(session, job, attempt, now, lookahead_seconds)
     booked = bill(session, job, attempt, now)

@@ -37,6 +37,16 @@ class SpendControls:
         return max(self.lease_seconds, self.lease_ticks * tick_broker_seconds)
 
 
+LOOKAHEAD_TICKS = 2.0
+"""A running attempt's money must cover this many ticks ahead, else its job stops."""
+
+
+def lookahead_seconds(tick_broker_seconds: float) -> float:
+    """The broker seconds of spend an attempt's money must cover to run on: the lease sweep,
+    each observation and a lapsed-lease report ask the same."""
+    return LOOKAHEAD_TICKS * tick_broker_seconds
+
+
 def leases_due(session: Session, now: datetime, window_seconds: float) -> list[str]:
     """Running attempts whose lease ends within ``window_seconds`` (or has none), nearest
     first: the ones the sweep must renew, or stop, now."""

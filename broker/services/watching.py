@@ -28,7 +28,7 @@ from broker.services.calibration import calibrate
 from broker.services.lifecycle import LAUNCHING, RUNNING, ToTerminate
 from broker.services.metrics import PROVIDER_ERRORS
 from broker.services.quoting import Planning
-from broker.services.spend_control import SpendControls, leases_due
+from broker.services.spend_control import SpendControls, leases_due, lookahead_seconds
 from broker.services.steering import FleetView, fleet_view, move_back_excluded, steer
 from providers.base import InstanceNotFound, InstanceRef, InstanceState, Provider, TransientError
 
@@ -119,17 +119,21 @@ class Watching:
         """Renew, or stop, every running attempt whose spend lease ends within the renewal
         window, nearest first (``spend_control``); returns how many were due. The common
         case is booked in batches (``accrual.accrue_many``), the rest one by one."""
-        tick = self.tick_seconds * clock.scale()
+        lookahead = lookahead_seconds(self.tick_seconds * clock.scale())
         window = self.controls.renew_ticks * self.tick_seconds * clock.nominal_scale()
         with self._session() as session:
             due = leases_due(session, clock.now(), window)
             for start in range(0, len(due), SWEEP_BATCH):
                 now = clock.now()
                 chunk = [(attempt_id, now) for attempt_id in due[start : start + SWEEP_BATCH]]
-                batch = accrue_many(session, chunk, 2 * tick, lease_seconds=self.lease_seconds)
+                batch = accrue_many(session, chunk, lookahead, lease_seconds=self.lease_seconds)
                 for attempt_id in batch.one_by_one:
                     stopped = lifecycle.accrue(
-                        session, attempt_id, clock.now(), 2 * tick, lease_seconds=self.lease_seconds
+                        session,
+                        attempt_id,
+                        clock.now(),
+                        lookahead,
+                        lease_seconds=self.lease_seconds,
                     )
                     self._terminate(stopped)
         return len(due)
@@ -199,7 +203,7 @@ class Watching:
             up = self._up(refs.get(attempt.id, []), attempt.nodes, known)
             return up and self._silent(attempt, now) is None
 
-        lookahead = 2 * self.tick_seconds * clock.scale()
+        lookahead = lookahead_seconds(self.tick_seconds * clock.scale())
         with self._session() as session:
             booked = accrue_many(
                 session,
@@ -280,7 +284,7 @@ class Watching:
                 return
             if self._lost(session, attempt, now):
                 return
-            lookahead = 2 * self.tick_seconds * clock.scale()
+            lookahead = lookahead_seconds(self.tick_seconds * clock.scale())
             stopped = lifecycle.accrue(
                 session, attempt_id, now, lookahead, lease_seconds=self.lease_seconds
             )
