@@ -62,6 +62,10 @@ AGGREGATED_FIELDS = (
     "nextPageToken,items/*/instances(name,status,labels,creationTimestamp,"
     "lastStopTimestamp,scheduling/provisioningModel)"
 )
+# ``describe_many``'s first pass: an up instance needs only its status (like EC2's
+# DescribeInstanceStatus); parsing each instance's labels was most of the describe's CPU.
+STATUS_FIELDS = "nextPageToken,items/*/instances(name,status)"
+_STARTING = {"PROVISIONING", "STAGING"}
 
 
 def instance_name(token: str) -> str:
@@ -92,7 +96,7 @@ def listed_state(instance: Any) -> InstanceState:
         "spot" if instance.scheduling.provisioning_model == "SPOT" else "on_demand"
     )
     launched_at = _time(instance.creation_timestamp) or clock.now()
-    if instance.status in ("PROVISIONING", "STAGING"):
+    if instance.status in _STARTING:
         return InstanceState("pending", None, launched_at, None, labels, market)
     if instance.status not in _ENDED:
         return InstanceState("running", None, launched_at, None, labels, market)
@@ -231,17 +235,27 @@ class GcpProvider:
             logger.info("GCE instance already gone", extra={"instance": ref.instance_id})
 
     def describe_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, InstanceState | None]:
-        """aggregatedList filtered by ``describe_batch`` names a call; an instance not found
-        is looked up in its zone's operations (deleted or preempted), None if unknown."""
+        """aggregatedList filtered by ``describe_batch`` names a call, asking only each
+        instance's status (an up instance needs no more: its state has no launch time, labels
+        or market), then again with ``AGGREGATED_FIELDS`` for the ended ones (their zone's
+        operations tell a preemption apart); an instance not found is looked up in its
+        zone's operations (deleted or preempted), None if unknown."""
         found: dict[InstanceRef, InstanceState | None] = {}
         wanted = {(ref.zone, ref.instance_id): ref for ref in refs}
-        names = sorted({ref.instance_id for ref in refs})
-        for start in range(0, len(names), self.describe_batch):
-            chunk = "|".join(names[start : start + self.describe_batch])
-            for zone, instance in self._aggregated(f'name eq "{chunk}"'):
-                ref = wanted.get((zone, instance.name))
-                if ref is not None:
-                    found[ref] = self._with_history(ref, instance)
+        ended: list[str] = []
+        for zone, instance in self._named(sorted({ref.instance_id for ref in refs}), STATUS_FIELDS):
+            ref = wanted.get((zone, instance.name))
+            if ref is None:
+                continue
+            if instance.status in _ENDED:
+                ended.append(ref.instance_id)
+            else:
+                status = "pending" if instance.status in _STARTING else "running"
+                found[ref] = InstanceState(status, None, None)
+        for zone, instance in self._named(ended, AGGREGATED_FIELDS):
+            ref = wanted.get((zone, instance.name))
+            if ref is not None:
+                found[ref] = self._with_history(ref, instance)
         for ref in refs:
             if ref not in found:
                 try:
@@ -273,9 +287,21 @@ class GcpProvider:
             )
         return listed
 
-    def _aggregated(self, expression: str) -> list[tuple[str, Any]]:
+    def _named(self, names: Sequence[str], fields: str) -> list[tuple[str, Any]]:
+        """``_aggregated`` for the instances called ``names``, ``describe_batch`` a call."""
+        return [
+            listed
+            for start in range(0, len(names), self.describe_batch)
+            for listed in self._aggregated(
+                f'name eq "{"|".join(names[start : start + self.describe_batch])}"', fields
+            )
+        ]
+
+    def _aggregated(
+        self, expression: str, fields: str = AGGREGATED_FIELDS
+    ) -> list[tuple[str, Any]]:
         """(zone, instance) for every instance of the project that passes ``expression``,
-        each with only the ``AGGREGATED_FIELDS`` that ``listed_state`` reads.
+        each with only the ``fields`` asked for (by default what ``listed_state`` reads).
 
         The selection goes as the ``X-Goog-FieldMask`` header, the header form of Google's
         ``fields`` system parameter (cloud.google.com/apis/docs/system-parameters; syntax in
@@ -284,7 +310,7 @@ class GcpProvider:
         string holds only the request message's fields, so ``fields=`` cannot be passed.
         """
         listing = compute_v1.AggregatedListInstancesRequest(project=self.project, filter=expression)
-        mask = (("x-goog-fieldmask", AGGREGATED_FIELDS),)
+        mask = (("x-goog-fieldmask", fields),)
 
         def fetch() -> list[tuple[str, Any]]:
             pager = self._instances.aggregated_list(

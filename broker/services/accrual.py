@@ -152,14 +152,15 @@ def accrue_many(
     ids = [attempt_id for attempt_id, _ in observed]
     begin_write(session)
     postgres = is_postgres(session)
-    job_ids = sorted(
-        set(session.exec(select(Attempt.job_id).where(one_of(session, Attempt.id, ids))).all())
-    )
-    lock = select(Job).where(one_of(session, Job.id, job_ids)).order_by(col(Job.id))
+    # the batch's jobs, found through their attempts in the same statement (an attempt's job
+    # never changes, so the subquery's snapshot cannot be stale)
+    of_batch = select(Attempt.job_id).where(one_of(session, Attempt.id, ids))
+    lock = select(Job).where(col(Job.id).in_(of_batch)).order_by(col(Job.id))
     if postgres:
         lock = lock.with_for_update()
     options: dict[str, Any] = {"populate_existing": True}
     jobs = {job.id: job for job in session.exec(lock, execution_options=options).all()}
+    job_ids = list(jobs)
     attempts = {
         attempt.id: attempt
         for attempt in session.exec(

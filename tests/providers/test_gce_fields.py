@@ -12,8 +12,14 @@ from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
 from broker.clock import ManualClock
-from providers.base import REASON_SPOT_PREEMPTED, InstanceRef, LaunchRequest, Market
-from providers.gcp import AGGREGATED_FIELDS, GcpProvider
+from providers.base import (
+    REASON_SPOT_PREEMPTED,
+    InstanceRef,
+    InstanceState,
+    LaunchRequest,
+    Market,
+)
+from providers.gcp import AGGREGATED_FIELDS, STATUS_FIELDS, GcpProvider
 from providers.local import LocalCloud
 from providers.local.instances import NOTICE_SECONDS
 from providers.local.partial_response import ALL, parse_fields, project
@@ -189,21 +195,33 @@ def test_the_client_parses_the_partial_instances_and_the_provider_asks_for_them(
 def test_describe_many_on_partial_resources_says_what_describe_says(
     gcp: GcpProvider, local_cloud: LocalCloud, market_clock: ManualClock
 ) -> None:
+    """Up instances come back from a status-only listing (no labels, launch time or market,
+    as EC2's DescribeInstanceStatus); an ended one is listed again in full, and then says
+    what ``describe`` says."""
     spot, on_demand = _launch(gcp), _launch(gcp, "on_demand")
+    masks: list[str | None] = []  # each aggregatedList's field mask, as the client sent it
+
+    def sent(response: requests.Response, **_: Any) -> None:
+        if "/aggregated/instances" in response.request.url:
+            masks.append(response.request.headers.get("x-goog-fieldmask"))
+
+    gcp._instances._transport._session.hooks["response"].append(sent)
     states = gcp.describe_many([spot, on_demand])
-    assert states == {spot: gcp.describe(spot), on_demand: gcp.describe(on_demand)}
-    running = states[spot]
-    assert running is not None and running.status == "running" and running.market == "spot"
-    assert running.tags["broker-job"] == "job_7" and running.tags["broker-team"] == "vision"
-    assert running.launched_at is not None and running.launched_at.tzinfo is not None
-    assert states[on_demand] is not None and states[on_demand].market == "on_demand"  # type: ignore[union-attr]
+    assert masks == [STATUS_FIELDS]
+    for ref in (spot, on_demand):
+        full = gcp.describe(ref)
+        assert full.status == "running" and full.launched_at is not None
+        assert states[ref] == InstanceState("running", None, None)
+    assert gcp.describe(spot).market == "spot" and gcp.describe(on_demand).market == "on_demand"
 
     # Preempted with termination action STOP: still listed, TERMINATED, lastStopTimestamp set.
     local_cloud.market.set_available("gcp", ZONE, "*", False)
     local_cloud.market.step()  # the notice
     market_clock.advance(NOTICE_SECONDS["gcp"])
     assert local_cloud.market.step() >= 1
+    masks.clear()
     states = gcp.describe_many([spot, on_demand])
+    assert masks == [STATUS_FIELDS, AGGREGATED_FIELDS]  # the ended one again, in full
     preempted = states[spot]
     assert preempted == gcp.describe(spot)
     assert preempted is not None and preempted.status == "preempted"
@@ -213,6 +231,6 @@ def test_describe_many_on_partial_resources_says_what_describe_says(
     managed = {m: m.state for m in gcp.list_managed("us-central1") if m in (spot, on_demand)}
     assert managed[spot].status == "terminated" and managed[spot].reason == "terminated"
     assert managed[on_demand].status == "running"
-    assert managed[on_demand].tags == states[on_demand].tags  # type: ignore[union-attr]
+    assert managed[on_demand].tags["broker-job"] == "job_7"
     for ref in (spot, on_demand):
         gcp.terminate(ref)
