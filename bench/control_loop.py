@@ -35,6 +35,7 @@ from broker.db.engine import create_schema, make_engine
 from broker.heap import freeze_heap
 from broker.services.quoting import get_planning
 from broker.services.runner import Runner
+from broker.settings import get_settings
 from providers.aws import AwsProvider
 from providers.base import Provider
 from providers.gcp import GcpProvider
@@ -147,7 +148,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attempts", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--ticks", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=get_settings().observe_batch_size,
+        help="live attempts an observe task takes (default: BROKER_OBSERVE_BATCH_SIZE)",
+    )
     parser.add_argument(
         "--profile", action="store_true", help="print where the tick's own thread spends its time"
     )
