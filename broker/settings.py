@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     )
     tick_seconds: float = Field(default=5.0, gt=0, description="Beat interval of tick (wall s).")
     observe_batch_size: int = Field(
-        default=250,
+        default=100,
         ge=1,
         le=1000,
         description="Live attempts one observe task takes: one describe per region for all.",
