@@ -89,6 +89,11 @@ def _time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
 
 
+def _up_status(status: str) -> Literal["pending", "running"]:
+    """The broker's status of an instance that has not ended, from its GCE status."""
+    return "pending" if status in _STARTING else "running"
+
+
 def listed_state(instance: Any) -> InstanceState:
     """The state an instance resource shows by itself; an ended one is ``terminated``."""
     labels = dict(instance.labels)
@@ -96,10 +101,8 @@ def listed_state(instance: Any) -> InstanceState:
         "spot" if instance.scheduling.provisioning_model == "SPOT" else "on_demand"
     )
     launched_at = _time(instance.creation_timestamp) or clock.now()
-    if instance.status in _STARTING:
-        return InstanceState("pending", None, launched_at, None, labels, market)
     if instance.status not in _ENDED:
-        return InstanceState("running", None, launched_at, None, labels, market)
+        return InstanceState(_up_status(instance.status), None, launched_at, None, labels, market)
     ended_at = _time(instance.last_stop_timestamp or None)
     return InstanceState(
         "terminated", instance.status.lower(), launched_at, ended_at, labels, market
@@ -250,8 +253,7 @@ class GcpProvider:
             if instance.status in _ENDED:
                 ended.append(ref.instance_id)
             else:
-                status = "pending" if instance.status in _STARTING else "running"
-                found[ref] = InstanceState(status, None, None)
+                found[ref] = InstanceState(_up_status(instance.status), None, None)
         for zone, instance in self._named(ended, AGGREGATED_FIELDS):
             ref = wanted.get((zone, instance.name))
             if ref is not None:
