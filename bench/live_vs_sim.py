@@ -34,7 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -45,8 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.policies import fleet_of, prior_of  # noqa: E402
 from broker.core.money import MICROS_PER_DOLLAR  # noqa: E402
-from broker.core.policy import EPS, Action, Instance  # noqa: E402
+from broker.core.policy import EPS, Action, Instance, ZoneHistory, plan_for  # noqa: E402
 from broker.core.policy_vectorized import BatchState, broker_batch  # noqa: E402
+from broker.core.spot_mdp import SpotPlan  # noqa: E402
 from broker.sim.history import HISTORY_HOURS, start_plans  # noqa: E402
 from broker.sim.scenario import Ticks, TraceJob, zone_matrix  # noqa: E402
 from broker.sim.simulator import simulate_runs  # noqa: E402
@@ -114,6 +115,23 @@ class LiveStart:
     spot_micros: int  # $/h of its plan's offer, in micro-dollars
     on_demand_micros: int
     max_cost_micros: int  # what the budget net's holds may reach
+    known: ZoneHistory = ZoneHistory()  # what its policy believed of its plan's zone then
+    plan: SpotPlan | None = None  # its policy's plan then (``policy.plan_for``)
+
+
+def known_history(live: LiveStart) -> tuple[np.ndarray, ...]:
+    """``simulate_runs``'s ``history`` of one zone and one start: what the live broker knew."""
+    seen = live.known
+    return tuple(
+        np.array([[value]])
+        for value in (
+            seen.observed_hours,
+            seen.available_hours,
+            seen.windows,
+            seen.last_available,
+            seen.age_hours,
+        )
+    )
 
 
 def trace_job(live: LiveStart) -> TraceJob:
@@ -173,24 +191,37 @@ def starting_on_demand(state: BatchState) -> tuple[np.ndarray, np.ndarray]:
     return np.where(first, int(Action.ON_DEMAND), action), target
 
 
-def simulate(pick: Pick, live: LiveStart, start_on_demand: bool = False) -> dict[str, Any]:
+def simulate(
+    pick: Pick, live: LiveStart, start_on_demand: bool = False, trace_past: bool = False
+) -> dict[str, Any]:
     """The job on its trace from its start tick, the ``broker`` policy, one zone (started on
-    on-demand with ``start_on_demand``)."""
+    on-demand with ``start_on_demand``), knowing at its start what the live broker knew
+    (its zone's history and its plan) and seeing the zone only as live (the observed view:
+    while it waits or holds spot, or tries to launch), or with ``trace_past`` on
+    ``bench/policies.py``'s footing: the trace's past before the start, the full view."""
     job = trace_job(live)
     matrix, gap = zone_matrix([pick.trace])
     offsets = np.array([pick.start])
     runs = [(Ticks.of(job, gap), job)]
-    every = bundled_traces()
-    plans = start_plans(
-        matrix,
-        offsets,
-        gap / 3600.0,
-        runs,
-        fleet_of(every, [pick.trace]),
-        prior_of(every, [pick.trace]),
-    )
+    history = None
+    if trace_past:
+        every = bundled_traces()
+        plans = start_plans(
+            matrix,
+            offsets,
+            gap / 3600.0,
+            runs,
+            fleet_of(every, [pick.trace]),
+            prior_of(every, [pick.trace]),
+        )
+    else:
+        assert live.plan is not None, "the live broker's plan at admission"
+        plans, history = ((live.plan,), np.zeros(1, np.int64)), known_history(live)
     decide = starting_on_demand if start_on_demand else broker_batch
-    result = simulate_runs(decide, matrix, offsets, runs, (pick.trace.zone,), plans=plans)[0]
+    view = "full" if trace_past else "observed"
+    result = simulate_runs(
+        decide, matrix, offsets, runs, (pick.trace.zone,), plans=plans, view=view, history=history
+    )[0]
     return {"cost": float(result.cost[0]), "met": not bool(result.missed[0])}
 
 
@@ -250,11 +281,24 @@ def spec_of(pick: Pick, now: datetime) -> dict[str, Any]:
     }
 
 
-def live_start(session: Any, job: Any) -> LiveStart:
-    """What the broker planned the job on at admission (its plan's speed and offer)."""
+def believed(state: Any) -> ZoneHistory:
+    """The history of a policy state's first zone (its plan's), its last state what the
+    policy takes as obtainable there and its age counting only for that state, as
+    ``policy.broker`` reads them."""
+    seen = state.history.zones.get(state.zones[0], ZoneHistory())
+    obtainable = bool(state.spot_obtainable[0])
+    age = seen.age_hours if seen.last_available == obtainable else 0.0
+    return replace(seen, last_available=obtainable, age_hours=age)
+
+
+def live_start(session: Any, job: Any, tick_hours: float) -> LiveStart:
+    """What the broker planned the job on at admission (its plan's speed and offer) and
+    what its policy knew then (its plan's zone's history, its plan)."""
+    from broker import clock
     from broker.services.plans import job_plan
     from broker.services.quoting import get_planning
     from broker.services.reservations import offer_prices
+    from broker.services.steering import policy_state
 
     planning = get_planning()
     plan = job_plan(job)
@@ -265,6 +309,8 @@ def live_start(session: Any, job: Any) -> LiveStart:
     )
     spot, on_demand = listed if listed is not None else (-1, -1)
     spot = spot if spot >= 0 else on_demand
+    state = policy_state(planning, session, job, None, clock.now(), tick_hours)
+    assert state is not None, f"{job.id}: the policy cannot rate its plan"
     return LiveStart(
         created_at=job.created_at,
         deadline=job.deadline,
@@ -273,6 +319,8 @@ def live_start(session: Any, job: Any) -> LiveStart:
         spot_micros=spot if spot >= 0 else plan.price_per_hour_micros,
         on_demand_micros=on_demand if on_demand >= 0 else plan.price_per_hour_micros,
         max_cost_micros=job.max_cost_micros,
+        known=believed(state),
+        plan=plan_for(state),
     )
 
 
@@ -314,7 +362,8 @@ def run_live(picks: list[Pick], scale: float) -> tuple[list[dict[str, Any]], dic
                 job = session.get(Job, job_id)
                 assert job is not None
                 play(stack.cloud, pick, job.created_at)  # its segment from its admission on
-                out.append({"pick": pick, "start": live_start(session, job)})
+                start = live_start(session, job, gap / 3600.0)
+                out.append({"pick": pick, "start": start})
             # the local cloud's GPUs deviate from the model; here they run as predicted
             stack.speed_overrides[job_id] = 1.0 / true_speed_factor("reference", pick.gpu)
             ids[pick.name] = job_id
@@ -402,6 +451,7 @@ def main() -> None:
         sim = simulate(pick, start)
         # where live started on on-demand (its admission plan), the simulator started so
         od_start = simulate(pick, start, start_on_demand=row["plan_market"] == "on_demand")
+        past = simulate(pick, start, trace_past=True)
         rows.append(
             {
                 "job": pick.name,
@@ -419,6 +469,11 @@ def main() -> None:
                     row["cost"] / od_start["cost"] if od_start["cost"] > 0 else math.inf
                 ),
                 "sim_as_live_start_met": od_start["met"],
+                "sim_trace_past_cost": round(past["cost"], 4),
+                "ratio_vs_sim_trace_past": row["cost"] / past["cost"]
+                if past["cost"] > 0
+                else math.inf,
+                "sim_trace_past_met": past["met"],
                 "live_met": row["met"],
                 "sim_met": sim["met"],
                 "live_status": row["status"],
@@ -433,7 +488,8 @@ def main() -> None:
         )
     print(
         f"\n{'job':28} {'trace':40} {'live $':>8} {'sim $':>8} {'ratio':>6} "
-        f"{'live met':>8} {'sim met':>7} | {'sim*$':>8} {'ratio*':>6}  "
+        f"{'live met':>8} {'sim met':>7} | {'sim*$':>8} {'ratio*':>6} | {'past$':>8} "
+        f"{'ratio':>6}  "
         "live: admission plan, first start (h), attempts"
     )
     for r in rows:
@@ -441,11 +497,16 @@ def main() -> None:
         print(
             f"{r['job']:28} {r['trace']:40} {r['live_cost']:8.3f} {r['sim_cost']:8.3f} "
             f"{r['ratio']:6.3f} {r['live_met']!s:>8} {r['sim_met']!s:>7} | "
-            f"{r['sim_as_live_start_cost']:8.3f} {r['ratio_vs_sim_as_live_start']:6.3f}  "
+            f"{r['sim_as_live_start_cost']:8.3f} {r['ratio_vs_sim_as_live_start']:6.3f} | "
+            f"{r['sim_trace_past_cost']:8.3f} {r['ratio_vs_sim_trace_past']:6.3f}  "
             f"{r['live_plan_market']}, {'-' if first is None else f'{first:.2f}'}, "
             f"{r['live_attempts']}"
         )
-    print("sim*: the simulator starting each job on the market its live admission plan took")
+    print(
+        "sim*: the simulator starting each job on the market its live admission plan took; "
+        "past: the simulator knowing the trace's past before the start (bench/policies.py's "
+        "footing) instead of what the live broker knew"
+    )
     figures = summary(rows)
     as_live = summary(
         [
@@ -458,6 +519,17 @@ def main() -> None:
         ]
     )
     figures["vs_sim_as_live_start"] = {k: v for k, v in as_live.items() if k != "jobs"}
+    with_past = summary(
+        [
+            {
+                "ratio": r["ratio_vs_sim_trace_past"],
+                "live_met": r["live_met"],
+                "sim_met": r["sim_trace_past_met"],
+            }
+            for r in rows
+        ]
+    )
+    figures["vs_sim_trace_past"] = {k: v for k, v in with_past.items() if k != "jobs"}
     print(
         f"median live/sim {figures['median_ratio']:.3f} (goal within {GOAL_MEDIAN:.0%}); "
         f"max |ratio-1| {figures['max_abs_ratio_minus_1']:.3f} (goal <= {GOAL_MAX:.0%}); "
@@ -468,6 +540,11 @@ def main() -> None:
         f"against sim*: median {as_live['median_ratio']:.3f}; max |ratio-1| "
         f"{as_live['max_abs_ratio_minus_1']:.3f}; outcomes agree {as_live['outcomes_agree']}"
         f"/{as_live['jobs']}"
+    )
+    print(
+        f"against the simulator knowing the trace's past: median {with_past['median_ratio']:.3f}; "
+        f"max |ratio-1| {with_past['max_abs_ratio_minus_1']:.3f}; outcomes agree "
+        f"{with_past['outcomes_agree']}/{with_past['jobs']}"
     )
     print(
         f"live run: {run['wall_seconds']} s wall; control loop lag p50/p90 "

@@ -16,15 +16,19 @@ too.
 Two views of spot availability (``view``). ``"full"``: every zone's availability reaches the
 policy every tick, for free, and every zone's statistics advance every tick. ``"observed"``:
 only what the live broker can see. A job observes, each tick, its *home* zone (the zone it
-last held spot in; at the start its first zone), where the broker keeps a spot request
-open (a refused request costs nothing, and live it also learns a loss there), and any zone
-it launches spot into that tick (a refused launch: no instance, no money, the tick's time
-lost; an instance already held is kept, as live the old one is stopped only once the new
-one runs). A zone's statistics (observed and available hours, windows, last state, age)
-advance only on the ticks it is observed, and the policy's ``spot_obtainable`` for a zone
-is its last observed state there (at the start, the history's: ``broker.sim.history``). A
-single-zone job's only zone is its home, so single-zone results are the full view's
-exactly. Optional probes (every ``probe_every`` ticks while the job is not on spot): a
+last held spot in; at the start its first zone) while it holds spot there (live, it
+learns a loss) or holds nothing (it waits with a spot request open there, asked once a
+tick from its first decision on, a refusal costing nothing: its first decision has only
+its history), but not while it runs on on-demand, when live no request is open; and any
+zone it launches spot into that tick (a refused launch: no instance, no money, the tick's
+time lost; an instance already held is kept, as live the old one is stopped only once the
+new one runs). A zone's statistics (observed and available hours, windows, last state,
+age) advance only on the ticks it is observed, and the policy's ``spot_obtainable`` for a
+zone is its last observed state there (at the start, the history's:
+``broker.sim.history``, or what a live broker knew, ``history``). So a job on on-demand
+moves back to spot only by launching where it last saw spot (or believes it, not having
+looked), as live; single-zone, the observed view differs from the full one only there.
+Optional probes (every ``probe_every`` ticks while the job is not on spot): a
 ``probe_hours`` spot launch in the zone seen longest ago (not the home zone), billed at the
 spot price when it gets an instance, reveals that zone for the tick.
 
@@ -95,6 +99,7 @@ def simulate_runs(
     view: str = "full",
     probe_every: int = 0,
     probe_hours: float = 0.0,
+    history: tuple[np.ndarray, ...] | None = None,
 ) -> list[SimResult]:
     """Several jobs (same tick and prices) from every start offset, all in one lockstep loop.
 
@@ -102,7 +107,10 @@ def simulate_runs(
     which dominates at a few hundred offsets. The ``broker`` policy's plans
     (``history.start_plans``, on ``fleet``'s history as the prior) are solved here unless
     given. ``view``, ``probe_every``, ``probe_hours``: see the module doc (probes only in
-    the observed view; 0: none).
+    the observed view; 0: none). ``history``: what each job knows of the zones at its start
+    (observed hours, available hours, windows, last state, age in hours; each (Z, B x runs),
+    runs one after the other, as ``prime_history`` gives), in place of the trace's past,
+    e.g. what a live broker knew when it admitted the job.
     """
     if view not in ("full", "observed"):
         raise ValueError(f"unknown view {view!r}")
@@ -124,15 +132,23 @@ def simulate_runs(
     unit = dt / parts  # hours in a part
     horizon = max(t.span for t, _ in runs)
     window = np.tile(job_windows(matrix, offsets, max(horizon, 1)), (1, len(runs), 1))
-    # each run's history stops short of what its own jobs wrap onto
-    observed, avail_hours, windows, last, age = (
-        np.concatenate(per_run, axis=1)
-        for per_run in zip(
-            *(prime_history(matrix, offsets, dt, t.span) for t, _ in runs), strict=True
-        )
-    )
     n_zones = matrix.shape[0]
-    full = view == "full" or n_zones == 1
+    if history is not None:
+        if len(history) != 5 or any(np.shape(h) != (n_zones, n) for h in history):
+            raise ValueError(f"history needs five ({n_zones}, {n}) arrays")
+        observed, avail_hours, windows, last = (
+            np.asarray(h, dtype)
+            for h, dtype in zip(history[:4], (float, float, float, bool), strict=True)
+        )
+        age = np.asarray(history[4], float)
+    else:  # each run's history stops short of what its own jobs wrap onto
+        observed, avail_hours, windows, last, age = (
+            np.concatenate(per_run, axis=1)
+            for per_run in zip(
+                *(prime_history(matrix, offsets, dt, t.span) for t, _ in runs), strict=True
+            )
+        )
+    full = view == "full"
     rows = np.arange(n)
     home = np.zeros(n, np.int64)  # the zone the job last held spot in
     seen_tick = np.zeros((n_zones, n), np.int64)  # tick each zone was last observed
@@ -162,7 +178,11 @@ def simulate_runs(
             seen = np.ones((n_zones, n), bool)
         else:
             seen = np.zeros((n_zones, n), bool)
-            seen[home, rows] = True
+            # its home while it holds spot there, or waits for it with a spot request open
+            # (from its first tick's ask on: at its start it knows only its history); on
+            # on-demand it keeps no request open: it learns spot only by launching
+            watched = (instance != Instance.ON_DEMAND) & (t > 0)
+            seen[home[watched], rows[watched]] = True
             if probe_every > 0 and t % probe_every == 0:
                 probing = live & (instance != Instance.SPOT)
                 stale = np.where(seen, np.iinfo(np.int64).max, seen_tick)

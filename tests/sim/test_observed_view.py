@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from broker.core.policy_vectorized import BATCH_POLICIES
+from broker.core.policy_vectorized import BATCH_POLICIES, BatchState
 from broker.sim.scenario import Ticks, TraceJob
 from broker.sim.simulator import simulate_runs
 
@@ -104,3 +104,60 @@ def test_single_zone_is_as_before_by_hand() -> None:
         )[0]
         assert float(result.cost[0]) == pytest.approx(5.0)
         assert float(result.finish_hours[0]) == pytest.approx(7.0)
+
+
+def test_on_demand_keeps_no_spot_request_open_in_its_home_zone() -> None:
+    # one zone, down for the job's first 3 h, then up; 4 h of work in 8 h, 1 h restart.
+    # Greedy waits while its slack allows (watching its home: a spot request open), then
+    # runs on on-demand, where live no request is open: the observed view no longer sees
+    # the zone come back at 3 h and shows the policy what it saw last; the full view does.
+    matrix = np.zeros((1, LENGTH), bool)
+    matrix[0, 23:] = True
+    seen = {}
+    for view in ("full", "observed"):
+        probe = _Recorder()
+        simulate_runs(probe, matrix, np.array([20]), [(TICKS, JOB)], ("a",), view=view)
+        seen[view] = probe.obtainable
+    assert seen["full"][:5] == [False, False, False, True, True]
+    # waiting (0-1 h) it watches its home; on on-demand from 2 h it believes what it saw last
+    assert seen["observed"][:5] == [False, False, False, False, False]
+
+
+def test_a_given_history_replaces_the_traces_past() -> None:
+    # the trace's past: 20 h seen, spot up; the given history: 5 h seen, spot down. Its first
+    # decision has only its history (it has not asked for spot yet): the given one
+    matrix = np.ones((1, LENGTH), bool)
+    history = tuple(
+        np.array([[v]]) for v in (5.0, 0.0, 0.0, False, 5.0)
+    )  # observed, available, windows, last, age
+    seen = {}
+    for given in (None, history):
+        probe = _Recorder()
+        simulate_runs(
+            probe, matrix, np.array([20]), [(TICKS, JOB)], ("a",), view="observed", history=given
+        )
+        seen[given is None] = (probe.obtainable[0], probe.observed[0])
+    assert seen[True] == (True, 20.0)
+    assert seen[False] == (False, 5.0)
+    with pytest.raises(ValueError, match="five"):
+        simulate_runs(
+            BATCH_POLICIES["greedy"],
+            matrix,
+            np.array([20]),
+            [(TICKS, JOB)],
+            ("a",),
+            history=history[:4],
+        )
+
+
+class _Recorder:
+    """Greedy, recording what it was shown of zone 0 each tick."""
+
+    def __init__(self) -> None:
+        self.obtainable: list[bool] = []
+        self.observed: list[float] = []
+
+    def __call__(self, state: BatchState) -> tuple[np.ndarray, np.ndarray]:
+        self.obtainable.append(bool(state.spot_obtainable[0, 0]))
+        self.observed.append(float(state.observed_hours[0, 0]))
+        return BATCH_POLICIES["greedy"](state)
