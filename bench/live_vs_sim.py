@@ -11,9 +11,13 @@ instances run at the speed the broker predicts (the local clouds' per-GPU deviat
 per job), so a job's work in hours is the same on both sides. Then each job goes through the
 simulator (``broker`` policy, single zone) on the same trace from the same tick: the same
 work, deadline (from admission), restart overhead (``Planning.restart_hours``, what the live
-broker assumes), spot and on-demand prices (the live plan's offer) and tick; its spot model
-planned, as in ``bench/policies.py``, on the trace's past before the start, the dataset
-folder's traces over the same days and the runs of traces recorded before.
+broker assumes), spot and on-demand prices (the live plan's offer) and tick, and the same
+knowledge: what the live policy believed of the job's zone at admission (the shared spot
+model's history, spot obtainable or not) and its plan (``policy.plan_for``), the zone seen
+from then on only as live sees it (the observed view: while the job waits for spot or holds
+it, or launches there). The ``past`` column is the old footing, ``bench/policies.py``'s: the
+trace's past before the start (the dataset folder's traces over the same days, the runs of
+traces recorded before) and the full view.
 
 Prints a row per job (live and simulated cost, their ratio, deadline met on each side, and
 how the live attempts ended), then the median ratio, the largest |ratio - 1| and how many

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
@@ -109,7 +110,8 @@ def market_now(
     (even when admission planned on-demand: the planner alone keeps room for a whole run on
     spot and another on on-demand, the policy knows it can leave spot in time), provided
     a spot plan fits what is left; on-demand when the plan says so, or once waiting any
-    longer would put the deadline at risk. When every zone the job knows has refused or
+    longer would put the deadline at risk; "wait" when the policy would hold nothing now.
+    When every zone the job knows has refused or
     preempted spot lately (``FleetView.refused``, unless an attempt has seen spot there
     since), the policy weighs waiting for spot against on-demand from the chain's expected
     outage and the job's slack, as the simulator does: on "wait" the launch asks for spot
@@ -122,7 +124,8 @@ def market_now(
     state = policy_state(planning, session, job, None, now, tick_hours, view)
     if state is None:
         return None
-    decision = _held(session, job, state, _decide(state), now)
+    raw = _decide(state)
+    decision = _held(session, job, state, raw, now)
     if decision.action == policy.Action.ON_DEMAND:
         return "on_demand"
     if not any(state.spot_obtainable):
@@ -134,7 +137,11 @@ def market_now(
         spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=refused)
         if spot.stop is None and _unrefused(spot.choices, refused):
             return "spot"
-    return None
+        return None
+    # The policy holds nothing for now (spot is believed there, but its plan would rather
+    # wait): wait, asking for spot once a tick, as the simulated broker does; the admission
+    # plan's on-demand would be a choice the policy did not make.
+    return "wait"
 
 
 def steer(
@@ -317,7 +324,13 @@ def policy_state(
     zones = tuple(
         z
         for z in candidate_zones(
-            planning, where.provider, where.instance_type, where.zone, gpu, int(count)
+            planning,
+            where.provider,
+            where.instance_type,
+            where.zone,
+            gpu,
+            int(count),
+            job.spec.get("resources", {}).get("regions"),
         )
         if z == where.zone or z in live.zones
     )
@@ -395,16 +408,20 @@ def candidate_zones(
     zone: str,
     gpu: str = "",
     gpu_count: int = 0,
+    regions: Sequence[str] | None = None,
 ) -> tuple[str, ...]:
     """The zones the job could run its shape on spot in: ``zone`` first, then every other
     zone of the provider offering ``instance_type`` (with ``gpu_count`` ``gpu``, when given)
-    on spot, cheapest spot first."""
+    on spot in ``regions`` (the job's, when it names them), cheapest spot first."""
     offers = planning.offers
-    rows = np.flatnonzero(
+    mask = (
         shape_mask(offers, provider, instance_type, gpu, gpu_count)
         & (offers.spot_micros_per_hour >= 0)
         & (offers.zone != zone)
     )
+    if regions is not None:
+        mask &= np.isin(offers.region, list(regions))
+    rows = np.flatnonzero(mask)
     order = sorted(rows, key=lambda i: (int(offers.spot_micros_per_hour[i]), str(offers.zone[i])))
     return (zone, *dict.fromkeys(str(offers.zone[i]) for i in order))
 
