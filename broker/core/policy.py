@@ -72,6 +72,10 @@ PRIOR_AVAILABILITY = 0.5
 PRIOR_WINDOW_HOURS = 2.0
 SWITCH_MARGIN = 1.5  # leaving on-demand for spot must pay this many times the work it loses
 HISTORY_DAYS = 30.0  # the spot availability history the broker keeps (and plans on)
+# How long news that a zone has no spot holds: a zone that refused or preempted spot this
+# recently is taken as out of it, then tried anew ...
+REFUSED_HOURS = 1.0
+MOVE_BACK_HOURS = 3.0  # ... and this long for leaving a running on-demand instance for it
 
 _Hours = TypeVar("_Hours", float, np.ndarray)  # the estimates take floats or arrays alike
 

@@ -35,8 +35,8 @@ from broker.services.reservations import finish_on_demand, hold, offer_prices, s
 log = logging.getLogger(__name__)
 
 Steer = Literal["continue", "on_demand", "spot"]
-REFUSED_HOURS = 1.0  # a zone that refused or preempted spot this recently is taken as out of it
-MOVE_BACK_HOURS = 3.0  # ... and this long for leaving a running on-demand instance for it
+REFUSED_HOURS = policy.REFUSED_HOURS  # the simulator's observed view applies them too
+MOVE_BACK_HOURS = policy.MOVE_BACK_HOURS
 
 
 @dataclass(frozen=True)

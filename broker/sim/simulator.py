@@ -25,9 +25,11 @@ time lost; an instance already held is kept, as live the old one is stopped only
 new one runs). A zone's statistics (observed and available hours, windows, last state,
 age) advance only on the ticks it is observed, and the policy's ``spot_obtainable`` for a
 zone is its last observed state there (at the start, the history's:
-``broker.sim.history``, or what a live broker knew, ``history``). So a job on on-demand
-moves back to spot only by launching where it last saw spot (or believes it, not having
-looked), as live; single-zone, the observed view differs from the full one only there.
+``broker.sim.history``, or what a live broker knew, ``history``), except that news of no
+spot goes stale as live: a zone last seen without spot ``policy.REFUSED_HOURS`` ago
+(``MOVE_BACK_HOURS`` for a job on on-demand) is believed to have it, so the policy may try
+it anew. So a job on on-demand moves back to spot only by launching where it believes
+spot is, as live; single-zone, the observed view differs from the full one only there.
 Optional probes (every ``probe_every`` ticks while the job is not on spot): a
 ``probe_hours`` spot launch in the zone seen longest ago (not the home zone), billed at the
 spot price when it gets an instance, reveals that zone for the tick.
@@ -44,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from broker.core.policy import Action, Instance
+from broker.core.policy import MOVE_BACK_HOURS, REFUSED_HOURS, Action, Instance
 from broker.core.policy_vectorized import BATCH_POLICIES, BatchPolicy, BatchState, broker_batch
 from broker.core.spot_mdp import SpotPlan
 from broker.sim.hindsight import optimal_costs
@@ -194,6 +196,7 @@ def simulate_runs(
             seen, now, dt, observed, avail_hours, windows, last, age
         )
         seen_tick[seen] = t
+        believed = last if full else _believed(last, t - seen_tick, dt, instance)
         lost = live & (instance == Instance.SPOT) & ~now[np.maximum(zone, 0), rows]
         instance[lost], zone[lost], overhead[lost] = Instance.NONE, -1, 0
         state = BatchState(
@@ -206,7 +209,7 @@ def simulate_runs(
             instance=instance,
             zone=zone,
             restart_left_hours=overhead * unit,
-            spot_obtainable=now if full else last,
+            spot_obtainable=now if full else believed,
             spot_price=job.spot_price,
             on_demand_price=job.on_demand_price,
             observed_hours=observed,
@@ -285,6 +288,17 @@ def _apply(
     idle = failed | (action == Action.WAIT) | (action == Action.STOP)
     instance[idle], zone[idle], overhead[idle] = Instance.NONE, -1, 0
     return move
+
+
+def _believed(
+    last: np.ndarray, ticks_since: np.ndarray, dt: float, instance: np.ndarray
+) -> np.ndarray:
+    """What the policy takes as spot obtainable in each zone (Z, B), as live
+    (``steering.policy_state``, ``move_back_excluded``): the last state seen, but a zone
+    seen without spot is tried anew once that news is ``REFUSED_HOURS`` old, or
+    ``MOVE_BACK_HOURS`` for a job on on-demand (live, per region: here per zone)."""
+    stale = np.where(instance == Instance.ON_DEMAND, MOVE_BACK_HOURS, REFUSED_HOURS)
+    return last | (ticks_since * dt >= stale - 1e-9)
 
 
 def _observe(

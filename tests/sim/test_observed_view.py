@@ -7,9 +7,10 @@ import math
 import numpy as np
 import pytest
 
+from broker.core.policy import MOVE_BACK_HOURS, REFUSED_HOURS, Instance
 from broker.core.policy_vectorized import BATCH_POLICIES, BatchState
 from broker.sim.scenario import Ticks, TraceJob
-from broker.sim.simulator import simulate_runs
+from broker.sim.simulator import _believed, simulate_runs
 
 # 1 h ticks; 4 h of work in 8 h; 1 h restart; spot $1/h, on-demand $3/h
 JOB = TraceJob(
@@ -34,16 +35,31 @@ def run(matrix: np.ndarray, policy: str, view: str, **probes: float) -> tuple[fl
 
 
 # zone a (the job's home) never has spot; zone b has it from the job's start on only,
-# so no history shows it up and the job never looks there unless it probes
+# so no history shows it up: the job looks there only once its news of b is stale, or probes
 B_HIDDEN = np.zeros((2, LENGTH), bool)
 B_HIDDEN[1, 20:] = True
 
 
 @pytest.mark.parametrize("policy", ["greedy", "uniform_progress"])
-def test_only_the_full_view_finds_the_zone_the_job_never_looks_at(policy: str) -> None:
-    # full: spot in b at once, 1 h restart + 4 h work at $1; observed: on-demand, 5 h at $3
+def test_a_zone_seen_without_spot_is_tried_anew_once_that_news_is_stale(policy: str) -> None:
+    # full: spot in b at once, 1 h restart + 4 h work at $1, done at 5 h; observed: b was
+    # last seen down, which holds for REFUSED_HOURS (one tick here), then it is tried: the
+    # same $5, an hour later
     assert run(B_HIDDEN, policy, "full") == (pytest.approx(5.0), False)
-    assert run(B_HIDDEN, policy, "observed") == (pytest.approx(15.0), False)
+    assert run(B_HIDDEN, policy, "observed") == (pytest.approx(5.0), False)
+    if policy == "greedy":
+        assert finish(B_HIDDEN, JOB, "full") == (pytest.approx(5.0), pytest.approx(5.0))
+        assert finish(B_HIDDEN, JOB, "observed") == (pytest.approx(5.0), pytest.approx(6.0))
+
+
+def test_news_of_no_spot_holds_refused_hours_or_move_back_hours_on_on_demand() -> None:
+    last = np.array([[False, False, False, True]])
+    since = np.array([[3, 4, 12, 0]])  # ticks since each was last seen, 0.25 h ticks
+    waiting = np.full(4, int(Instance.NONE))
+    on_demand = np.full(4, int(Instance.ON_DEMAND))
+    assert REFUSED_HOURS == 1.0 and MOVE_BACK_HOURS == 3.0
+    assert _believed(last, since, 0.25, waiting).tolist() == [[False, True, True, True]]
+    assert _believed(last, since, 0.25, on_demand).tolist() == [[False, False, True, True]]
 
 
 def test_a_probe_is_billed_and_shows_the_zone() -> None:
@@ -79,18 +95,6 @@ def test_a_refused_launch_costs_the_tick_and_no_money() -> None:
     matrix[1, :20] = True
     assert finish(matrix, job, "full") == (pytest.approx(15.0), pytest.approx(5.0))
     assert finish(matrix, job, "observed") == (pytest.approx(15.0), pytest.approx(6.0))
-
-
-def test_a_refused_launch_teaches_the_policy_the_zone_is_down() -> None:
-    # b up in the history, down at the start only, up again from 1 h: the full view waits a
-    # tick and takes b (1 h restart + 4 h at $1, done at 6 h); the observed view is refused
-    # at 0 h, believes b down from then on (it never looks again) and ends on on-demand
-    matrix = np.zeros((2, LENGTH), bool)
-    matrix[1, :20] = True
-    matrix[1, 21:] = True
-    assert finish(matrix, JOB, "full") == (pytest.approx(5.0), pytest.approx(6.0))
-    cost, _ = finish(matrix, JOB, "observed")
-    assert cost == pytest.approx(15.0)
 
 
 def test_single_zone_is_as_before_by_hand() -> None:
