@@ -107,16 +107,16 @@ def market_now(
     """The market the policy wants for a job with nothing running (None: the plan's).
 
     ``policy.decide`` with no instance, as the simulator asks it: spot while it is safe
-    (even when admission planned on-demand: the planner alone keeps room for a whole run on
-    spot and another on on-demand, the policy knows it can leave spot in time), provided
-    a spot plan fits what is left; on-demand when the plan says so, or once waiting any
-    longer would put the deadline at risk; "wait" when the policy would hold nothing now.
-    When every zone the job knows has refused or
-    preempted spot lately (``FleetView.refused``, unless an attempt has seen spot there
-    since), the policy weighs waiting for spot against on-demand from the chain's expected
-    outage and the job's slack, as the simulator does: on "wait" the launch asks for spot
-    once a tick, as the simulated broker keeps a spot request open (``Runner.launch``), and
-    the policy takes on-demand while that still meets the deadline.
+    (even when admission planned on-demand: the policy knows it can leave spot in time),
+    provided a spot plan fits what is left (``Planning.plans_for_job``: the policy's spot
+    plans); on-demand when the plan says so, or once waiting any longer would put the
+    deadline at risk; "wait" when the policy would hold nothing now. When every zone the
+    job knows has refused or preempted spot lately (``FleetView.refused``, unless an
+    attempt has seen spot there since), the policy weighs waiting for spot against
+    on-demand from the chain's expected outage and the job's slack, as the simulator does:
+    on "wait" the launch asks for spot once a tick, as the simulated broker keeps a spot
+    request open (``Runner.launch``), and the policy takes on-demand while that still meets
+    the deadline.
     """
     if job.market != "auto":
         return None
@@ -124,8 +124,7 @@ def market_now(
     state = policy_state(planning, session, job, None, now, tick_hours, view)
     if state is None:
         return None
-    raw = _decide(state)
-    decision = _held(session, job, state, raw, now)
+    decision = _held(session, job, state, _decide(state), now)
     if decision.action == policy.Action.ON_DEMAND:
         return "on_demand"
     if not any(state.spot_obtainable):
