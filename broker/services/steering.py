@@ -110,7 +110,7 @@ def market_now(
     (even when admission planned on-demand: the policy knows it can leave spot in time),
     provided a spot plan fits what is left (``Planning.plans_for_job``: the policy's spot
     plans); on-demand when the plan says so, or once waiting any longer would put the
-    deadline at risk; "wait" when the policy would hold nothing now. When every zone the
+    deadline at risk. When every zone the
     job knows has refused or preempted spot lately (``FleetView.refused``, unless an
     attempt has seen spot there since), the policy weighs waiting for spot against
     on-demand from the chain's expected outage and the job's slack, as the simulator does:
@@ -136,11 +136,7 @@ def market_now(
         spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=refused)
         if spot.stop is None and _unrefused(spot.choices, refused):
             return "spot"
-        return None
-    # The policy holds nothing for now (spot is believed there, but its plan would rather
-    # wait): wait, asking for spot once a tick, as the simulated broker does; the admission
-    # plan's on-demand would be a choice the policy did not make.
-    return "wait"
+    return None
 
 
 def steer(
