@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
@@ -107,16 +106,15 @@ def market_now(
     """The market the policy wants for a job with nothing running (None: the plan's).
 
     ``policy.decide`` with no instance, as the simulator asks it: spot while it is safe
-    (even when admission planned on-demand: the policy knows it can leave spot in time),
-    provided a spot plan fits what is left (``Planning.plans_for_job``: the policy's spot
-    plans); on-demand when the plan says so, or once waiting any longer would put the
-    deadline at risk. When every zone the
-    job knows has refused or preempted spot lately (``FleetView.refused``, unless an
-    attempt has seen spot there since), the policy weighs waiting for spot against
-    on-demand from the chain's expected outage and the job's slack, as the simulator does:
-    on "wait" the launch asks for spot once a tick, as the simulated broker keeps a spot
-    request open (``Runner.launch``), and the policy takes on-demand while that still meets
-    the deadline.
+    (even when admission planned on-demand: the planner alone keeps room for a whole run on
+    spot and another on on-demand, the policy knows it can leave spot in time), provided
+    a spot plan fits what is left; on-demand when the plan says so, or once waiting any
+    longer would put the deadline at risk. When every zone the job knows has refused or
+    preempted spot lately (``FleetView.refused``, unless an attempt has seen spot there
+    since), the policy weighs waiting for spot against on-demand from the chain's expected
+    outage and the job's slack, as the simulator does: on "wait" the launch asks for spot
+    once a tick, as the simulated broker keeps a spot request open (``Runner.launch``), and
+    the policy takes on-demand while that still meets the deadline.
     """
     if job.market != "auto":
         return None
@@ -319,13 +317,7 @@ def policy_state(
     zones = tuple(
         z
         for z in candidate_zones(
-            planning,
-            where.provider,
-            where.instance_type,
-            where.zone,
-            gpu,
-            int(count),
-            job.spec.get("resources", {}).get("regions"),
+            planning, where.provider, where.instance_type, where.zone, gpu, int(count)
         )
         if z == where.zone or z in live.zones
     )
@@ -403,20 +395,16 @@ def candidate_zones(
     zone: str,
     gpu: str = "",
     gpu_count: int = 0,
-    regions: Sequence[str] | None = None,
 ) -> tuple[str, ...]:
     """The zones the job could run its shape on spot in: ``zone`` first, then every other
     zone of the provider offering ``instance_type`` (with ``gpu_count`` ``gpu``, when given)
-    on spot in ``regions`` (the job's, when it names them), cheapest spot first."""
+    on spot, cheapest spot first."""
     offers = planning.offers
-    mask = (
+    rows = np.flatnonzero(
         shape_mask(offers, provider, instance_type, gpu, gpu_count)
         & (offers.spot_micros_per_hour >= 0)
         & (offers.zone != zone)
     )
-    if regions is not None:
-        mask &= np.isin(offers.region, list(regions))
-    rows = np.flatnonzero(mask)
     order = sorted(rows, key=lambda i: (int(offers.spot_micros_per_hour[i]), str(offers.zone[i])))
     return (zone, *dict.fromkeys(str(offers.zone[i]) for i in order))
 
