@@ -247,6 +247,13 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def against(rows: list[dict[str, Any]], ratio: str, sim_met: str) -> dict[str, Any]:
+    """``summary`` of the rows against another simulated run: its ratio and outcome keys."""
+    return summary(
+        [{"ratio": r[ratio], "live_met": r["live_met"], "sim_met": r[sim_met]} for r in rows]
+    )
+
+
 # -- the live run ------------------------------------------------------------------------------
 
 
@@ -512,27 +519,9 @@ def main() -> None:
         "footing) instead of what the live broker knew"
     )
     figures = summary(rows)
-    as_live = summary(
-        [
-            {
-                "ratio": r["ratio_vs_sim_as_live_start"],
-                "live_met": r["live_met"],
-                "sim_met": r["sim_as_live_start_met"],
-            }
-            for r in rows
-        ]
-    )
+    as_live = against(rows, "ratio_vs_sim_as_live_start", "sim_as_live_start_met")
     figures["vs_sim_as_live_start"] = {k: v for k, v in as_live.items() if k != "jobs"}
-    with_past = summary(
-        [
-            {
-                "ratio": r["ratio_vs_sim_trace_past"],
-                "live_met": r["live_met"],
-                "sim_met": r["sim_trace_past_met"],
-            }
-            for r in rows
-        ]
-    )
+    with_past = against(rows, "ratio_vs_sim_trace_past", "sim_trace_past_met")
     figures["vs_sim_trace_past"] = {k: v for k, v in with_past.items() if k != "jobs"}
     print(
         f"median live/sim {figures['median_ratio']:.3f} (goal within {GOAL_MEDIAN:.0%}); "

@@ -138,11 +138,10 @@ def simulate_runs(
     if history is not None:
         if len(history) != 5 or any(np.shape(h) != (n_zones, n) for h in history):
             raise ValueError(f"history needs five ({n_zones}, {n}) arrays")
-        observed, avail_hours, windows, last = (
+        observed, avail_hours, windows, last, age = (
             np.asarray(h, dtype)
-            for h, dtype in zip(history[:4], (float, float, float, bool), strict=True)
+            for h, dtype in zip(history, (float, float, float, bool, float), strict=True)
         )
-        age = np.asarray(history[4], float)
     else:  # each run's history stops short of what its own jobs wrap onto
         observed, avail_hours, windows, last, age = (
             np.concatenate(per_run, axis=1)
