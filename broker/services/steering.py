@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
@@ -317,7 +318,13 @@ def policy_state(
     zones = tuple(
         z
         for z in candidate_zones(
-            planning, where.provider, where.instance_type, where.zone, gpu, int(count)
+            planning,
+            where.provider,
+            where.instance_type,
+            where.zone,
+            gpu,
+            int(count),
+            job.spec.get("resources", {}).get("regions"),
         )
         if z == where.zone or z in live.zones
     )
@@ -395,16 +402,20 @@ def candidate_zones(
     zone: str,
     gpu: str = "",
     gpu_count: int = 0,
+    regions: Sequence[str] | None = None,
 ) -> tuple[str, ...]:
     """The zones the job could run its shape on spot in: ``zone`` first, then every other
     zone of the provider offering ``instance_type`` (with ``gpu_count`` ``gpu``, when given)
-    on spot, cheapest spot first."""
+    on spot in ``regions`` (the job's, when it names them), cheapest spot first."""
     offers = planning.offers
-    rows = np.flatnonzero(
+    mask = (
         shape_mask(offers, provider, instance_type, gpu, gpu_count)
         & (offers.spot_micros_per_hour >= 0)
         & (offers.zone != zone)
     )
+    if regions is not None:
+        mask &= np.isin(offers.region, list(regions))
+    rows = np.flatnonzero(mask)
     order = sorted(rows, key=lambda i: (int(offers.spot_micros_per_hour[i]), str(offers.zone[i])))
     return (zone, *dict.fromkeys(str(offers.zone[i]) for i in order))
 

@@ -417,3 +417,34 @@ def test_a_refusal_keeps_a_move_back_out_of_its_region_until_spot_is_seen_there(
     # Once the refusal is MOVE_BACK_HOURS old, nothing is.
     clock.advance(int(3600 * (MOVE_BACK_HOURS - REFUSED_HOURS)))
     assert move_back_excluded(planning, fleet_view(session, clock.now())) == set()
+
+def test_candidate_zones_keep_to_the_job_s_regions():
+    planning = get_planning()
+    shape = ("aws", SPOT_PLAN["instance_type"], "use1-az1")
+    every = candidate_zones(planning, *shape)
+    offers = planning.offers
+    region_of = dict(zip(offers.zone.tolist(), offers.region.tolist(), strict=True))
+    assert len({region_of[z] for z in every}) > 1  # the shape is offered in several regions
+    mine = candidate_zones(planning, *shape, regions=["us-east-1"])
+    assert mine[0] == "use1-az1" and len(mine) > 1
+    assert {region_of[z] for z in mine} == {"us-east-1"}
+    assert set(mine) < set(every)
+
+
+def test_the_policy_weighs_only_zones_the_job_may_run_in(session, clock, submit):
+    # another job's refusal in us-west-2 puts that zone in the broker's view; a job pinned
+    # to us-east-1 never weighs it
+    job = submit(resources={"gpus": 1, "regions": ["us-east-1"]})
+    other = submit(budget=2_000_000_000)
+    west = [
+        z
+        for z in candidate_zones(get_planning(), "aws", SPOT_PLAN["instance_type"], "use1-az1")
+        if z.startswith("usw2")
+    ]
+    plan = chosen({**SPOT_PLAN, "zone": west[0], "region": "us-west-2"}, SPOT_PRICE)
+    refused, _ = lifecycle.begin_attempt(session, other.id, plan, clock.now())
+    lifecycle.launch_failed(session, refused.id, "capacity", clock.now())
+    state = policy_state(get_planning(), session, job, None, clock.now(), 0.1)
+    assert state is not None
+    assert west[0] not in state.zones
+    assert all(z.startswith("use1") for z in state.zones)
