@@ -16,6 +16,11 @@ write/restore time t = size_gb * seconds_per_gb / 3600:
     on-demand); expected cost ``p_s * E[min(T, w_k)] + P(N > k) * p_od * H``; needs
     ``w_k + H <= deadline``; ``p_deadline = 1``. k minimises the expected cost (in whole
     micro-dollars; the smaller window on a tie).
+  * market "spot" with ``policy_fallback`` (an ``auto`` job the policy moves to spot): the
+    "auto" figures, but the offer needs only ``H <= deadline``. The policy leaves spot for
+    on-demand while the work left still fits (its plan and safety net, measured by the
+    simulator), so requiring room for a whole spot run and another whole on-demand run
+    would overrule it with a rule the simulator never sees.
 
 Each plan's figures depend on the deadline and budget only through which windows are
 allowed, so a tighter deadline or budget can only remove options, never cheapen one.
@@ -74,6 +79,9 @@ class PlanRequest:
     top_n: int = 20
     tick_hours: float = 0.0  # the control loop's interval: the budget net looks a tick ahead
     nodes: int | None = 1  # machines per plan; None: the planner decides (``gangs``)
+    # market "spot" for an ``auto`` job whose policy (``broker.core.policy``) decided spot and
+    # keeps its deadline itself, leaving spot for on-demand in time: see the module doc
+    policy_fallback: bool = False
 
 
 @dataclass(frozen=True)
@@ -206,7 +214,7 @@ def _spot(
     cdf, moment = _poisson_tables(risk * hours)
     window = hours[:, None] + SPOT_WINDOWS[None, :] * lost[:, None]
     on_spot = cdf * hours[:, None] + moment * lost[:, None] + (1.0 - cdf) * window
-    if request.market == "spot":
+    if request.market == "spot" and not request.policy_fallback:
         cost = p_spot[:, None] * on_spot
         worst = _ceil_micros(p_spot[:, None] * window)
         expected_hours = on_spot
@@ -218,7 +226,10 @@ def _spot(
         worst = np.minimum(loose, bound) if math.isfinite(bound) else loose
         cost = np.minimum(cost, worst)  # the net caps every outcome, so their mean too
         expected_hours = on_spot + fallback
-        on_time = window + hours[:, None] <= request.deadline_hours
+        if request.policy_fallback:
+            on_time = np.broadcast_to(hours[:, None] <= request.deadline_hours, window.shape)
+        else:
+            on_time = window + hours[:, None] <= request.deadline_hours
     fits = on_time & (worst <= request.max_cost_micros)
     # The cheapest window (in whole micro-dollars) within budget, the smallest such window
     # on ties so the worst case is no larger than needed; with none within budget, the
@@ -232,7 +243,11 @@ def _spot(
         np.argmin(np.where(on_time, worst, np.iinfo(np.int64).max), axis=1),
     )
     rows = np.arange(len(idx))
-    p = cdf[rows, k] if request.market == "spot" else np.ones(len(idx))
+    p = (
+        cdf[rows, k]
+        if request.market == "spot" and not request.policy_fallback
+        else np.ones(len(idx))
+    )
     return _Candidates(
         idx,
         True,
@@ -326,13 +341,14 @@ def rank_plans(
     od = _on_demand(idx[o], hours[o], p_od[o], request.deadline_hours)
     groups, keep = [od], [od.feasible & (od.worst <= max_cost) & (request.market != "spot")]
     if request.market != "on_demand":
-        s = (p_spot >= 0) & (o if request.market == "auto" else True)
-        bound = _auto_bound(request, od) if request.market == "auto" else math.inf
+        by_auto = request.market == "auto" or request.policy_fallback
+        s = (p_spot >= 0) & (o if by_auto else True)
+        bound = _auto_bound(request, od) if by_auto else math.inf
         risk = offers.spot_risk[idx[s]] * n[s]  # a gang stops when any node is preempted
         sp = _spot(request, idx[s], hours[s], lost[s], p_spot[s], p_od[s], risk, bound)
         groups.append(sp)
         keep.append(sp.feasible & (sp.worst <= max_cost))
-    fallback = request.market == "auto"
+    fallback = request.market == "auto" or request.policy_fallback
     plans = [
         _plan(offers, nodes, groups[g], i, fallback and g == 1)
         for g, i in _ranked(groups, keep, request.top_n)

@@ -265,8 +265,10 @@ class Planning:
         market: str | None = None,
         exclude_zones: Iterable[str] = (),
         top_n: int = 20,
+        policy_fallback: bool = False,
     ) -> PlanSet:
-        """Ranked plans for ``spec`` (or what is left of it) at ``now``."""
+        """Ranked plans for ``spec`` (or what is left of it) at ``now``; ``policy_fallback``:
+        spot plans of an ``auto`` job whose policy keeps its deadline (``PlanRequest``)."""
         try:
             request = plan_request(spec, now, spec.total_work, top_n)
         except ValueError as error:
@@ -279,6 +281,8 @@ class Planning:
             request = replace(request, max_cost_micros=budget_micros)
         if market is not None:
             request = replace(request, market=market)
+        if policy_fallback:
+            request = replace(request, policy_fallback=True)
         offers = self.offers  # one table for the whole quote, even if a sync swaps it
         nodes = plan_nodes(request, offers)
         mask = nodes > 0
@@ -332,6 +336,8 @@ class Planning:
         exclude_zones: Iterable[str] = (),
     ) -> Replan:
         """Plans for the job's remaining work, time and budget (from its latest checkpoint).
+        An ``auto`` job's spot plans (``market`` "spot") are its policy's: an offer needs
+        only that its on-demand run fits the deadline (``PlanRequest.policy_fallback``).
 
         The budget is what the job may still spend: max_cost less its spend, and no more than
         its reservation plus what its team has free. Zones in ``exclude_zones`` (recent
@@ -347,6 +353,8 @@ class Planning:
         if budget <= 0:
             return Replan([], "budget_exhausted", "no budget left for another attempt")
         market = market or job.market
+        # an auto job goes to spot when its policy says so, which keeps its deadline
+        by_policy = market == "spot" and job.market == "auto"
         work_left = job.total_work - job.checkpointed_work
         learnt = self.learnt(session)
         plans = self.quote(
@@ -357,10 +365,17 @@ class Planning:
             budget_micros=budget,
             market=market,
             exclude_zones=exclude_zones,
+            policy_fallback=by_policy,
         )
         if not plans.plans and exclude_zones:
             plans = self.quote(
-                spec, now, learnt=learnt, work_left=work_left, budget_micros=budget, market=market
+                spec,
+                now,
+                learnt=learnt,
+                work_left=work_left,
+                budget_micros=budget,
+                market=market,
+                policy_fallback=by_policy,
             )
         if plans.plans:
             return Replan([ChosenPlan.from_plan(p) for p in plans.plans])

@@ -221,6 +221,30 @@ def test_auto_spot_needs_room_for_the_fallback_before_the_deadline() -> None:
     assert [p.market for p in result.plans] == ["on_demand"]
 
 
+def test_a_policy_moved_auto_job_s_spot_needs_only_its_on_demand_run_in_time() -> None:
+    # The same job the policy moves to spot (it leaves spot for on-demand in time): 10.1 h
+    # fits 15 h, so the offer's spot is a plan, with the auto worst case; past 10.1 h, none.
+    offers = [offer(spot=300_000, risk=0.1), offer(spot=NO_PRICE, zone="use1-az2")]
+    result = plan(offers, [10.0, 10.0], deadline_hours=15.0, market="spot", policy_fallback=True)
+    (only,) = result.plans
+    assert (only.market, only.zone, only.p_deadline) == ("spot", "use1-az1", 1.0)
+    assert only.on_demand_fallback
+    # the auto job's worst case (its reservation bound caps it), as admission quoted it
+    auto = plan(offers, [10.0, 10.0], deadline_hours=30.0)
+    auto_spot = next(p for p in auto.plans if p.market == "spot")
+    assert only.worst_case_cost_micros == auto_spot.worst_case_cost_micros
+    # without the policy, market "spot" asks 90 % odds of finishing on spot alone in time
+    strict = plan(offers, [10.0, 10.0], deadline_hours=10.5, market="spot")
+    assert strict.plans == []
+    assert plan(
+        offers, [10.0, 10.0], deadline_hours=10.5, market="spot", policy_fallback=True
+    ).plans
+    assert (
+        plan(offers, [10.0, 10.0], deadline_hours=10.0, market="spot", policy_fallback=True).plans
+        == []
+    )
+
+
 # Properties --------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlmodel import select
 
-from broker.core.spot_model import family
 from broker.db.models import Attempt, Job, SpotModelRow, Team
 from broker.services import lifecycle
 from broker.services.agent_reports import report_progress
@@ -227,28 +226,23 @@ def test_an_auto_job_refused_spot_everywhere_starts_on_demand_when_it_cannot_wai
 def test_an_auto_job_no_spot_plan_can_finish_in_time_starts_on_demand_rather_than_stop(
     session, db_engine, clock, submit, market, fresh_planning
 ):
-    """The policy may still say wait (or spot) when the planner finds no spot plan that meets
-    the deadline (``broker demo``'s ``resnet50-tight``, stopped 2 h before its deadline with
-    on-demand able to finish in 1.4 h): on-demand, not a stop."""
+    """The policy may still say wait (or spot) when the planner finds no spot plan within the
+    job's deadline and budget (``broker demo``'s ``resnet50-tight``, stopped 2 h before its
+    deadline with on-demand able to finish in 1.4 h): on-demand, not a stop. An auto job's
+    spot plan needs only its on-demand run to fit the deadline (the policy keeps it), so here
+    its budget leaves room for the cheapest on-demand plan and for no spot plan's worst case."""
     job = submit(deadline=(clock.now() + timedelta(hours=48)).isoformat())
     work, planning = session.get(Job, job.id), get_planning()
     for tenths in range(30, 200):  # the tightest deadline on-demand alone still meets
         work.deadline = clock.now() + timedelta(hours=tenths / 10)
-        if planning.plans_for_job(session, work, clock.now(), market="on_demand").choices:
+        on_demand = planning.plans_for_job(session, work, clock.now(), market="on_demand")
+        if on_demand.choices:
             break
+    work.max_cost_micros = min(c.worst_case_cost_micros for c in on_demand.choices)
     session.add(work)
     session.commit()
-    for n in range(50):  # spot, as the shared model has it, lasts minutes wherever it is offered
-        spot = planning.plans_for_job(session, work, clock.now(), market="spot")
-        if spot.stop:
-            break
-        for offer in spot.choices:
-            shape = family(offer.provider, offer.instance_type, offer.gpu)
-            fitted = clock.now() + timedelta(seconds=n)  # a new version of the model
-            session.merge(short_lived_spot(offer.provider, offer.zone, shape, fitted))
-        session.commit()
-        planning.sync(session, force=True)
-    assert spot.stop == "deadline_missed"
+    spot = planning.plans_for_job(session, work, clock.now(), market="spot")
+    assert spot.stop is not None
     session.commit()  # end the read: what the runner writes is seen below
     cloud = Cloud()
     assert runner(db_engine, cloud, "secret").launch(job.id, market=market) is not None
