@@ -107,10 +107,11 @@ def market_now(
     """The market the policy wants for a job with nothing running (None: the plan's).
 
     ``policy.decide`` with no instance, as the simulator asks it: spot while it is safe
-    (even when admission planned on-demand: the planner alone keeps room for a whole run on
-    spot and another on on-demand, the policy knows it can leave spot in time), provided
-    a spot plan fits what is left; on-demand when the plan says so, or once waiting any
-    longer would put the deadline at risk. When every zone the job knows has refused or
+    (even when admission planned on-demand: the policy knows it can leave spot in time),
+    provided a spot plan fits what is left (``Planning.plans_for_job``: the policy's spot
+    plans); on-demand when the plan says so, or once waiting any longer would put the
+    deadline at risk; "wait" when the policy would hold nothing now. When every zone the
+    job knows has refused or
     preempted spot lately (``FleetView.refused``, unless an attempt has seen spot there
     since), the policy weighs waiting for spot against on-demand from the chain's expected
     outage and the job's slack, as the simulator does: on "wait" the launch asks for spot
@@ -135,7 +136,11 @@ def market_now(
         spot = planning.plans_for_job(session, job, now, market="spot", exclude_zones=refused)
         if spot.stop is None and _unrefused(spot.choices, refused):
             return "spot"
-    return None
+        return None
+    # The policy holds nothing for now (spot is believed there, but its plan would rather
+    # wait): wait, asking for spot once a tick, as the simulated broker does; the admission
+    # plan's on-demand would be a choice the policy did not make.
+    return "wait"
 
 
 def steer(

@@ -174,11 +174,11 @@ def test_job_refused_spot_in_every_known_zone_waits_while_its_slack_allows(sessi
     assert market_now(planning, session, job, clock.now(), tick_hours=0.1) == "spot"
     _refuse_spot_everywhere(session, [job, submit(budget=2_000_000_000)], clock)
     assert market_now(planning, session, job, clock.now(), tick_hours=0.1) == "wait"
-    # An hour later the refusal has aged out: spot is worth a try again.
+    # An hour later the refusal has aged out: spot is believed there again, and asked for
     clock.advance(3600 * 1.5)
-    assert (
-        market_now(planning, session, job, clock.now(), tick_hours=0.1) is None
-    )  # not "wait": the plan (spot) is tried
+    state = policy_state(planning, session, job, None, clock.now(), 0.1)
+    assert state is not None and all(state.spot_obtainable)
+    assert market_now(planning, session, job, clock.now(), tick_hours=0.1) in ("spot", "wait")
 
 
 def test_job_refused_spot_everywhere_starts_on_demand_once_waiting_would_risk_its_deadline(
@@ -213,7 +213,8 @@ def test_a_zone_spot_was_seen_in_since_its_refusal_is_spot_to_be_had_again(
     assert state is not None
     obtainable = dict(zip(state.zones, state.spot_obtainable, strict=True))
     assert obtainable["use1-az1"] and not any(v for z, v in obtainable.items() if z != "use1-az1")
-    assert market_now(planning, session, job, clock.now(), tick_hours=0.1) != "wait"
+    # spot, or a wait that asks for it: either way a spot launch, never on-demand
+    assert market_now(planning, session, job, clock.now(), tick_hours=0.1) in ("spot", "wait")
 
 
 def test_the_policy_sees_the_jobs_own_prices_spend_reservation_and_zones(
@@ -418,6 +419,7 @@ def test_a_refusal_keeps_a_move_back_out_of_its_region_until_spot_is_seen_there(
     clock.advance(int(3600 * (MOVE_BACK_HOURS - REFUSED_HOURS)))
     assert move_back_excluded(planning, fleet_view(session, clock.now())) == set()
 
+
 def test_candidate_zones_keep_to_the_job_s_regions():
     planning = get_planning()
     shape = ("aws", SPOT_PLAN["instance_type"], "use1-az1")
@@ -448,3 +450,19 @@ def test_the_policy_weighs_only_zones_the_job_may_run_in(session, clock, submit)
     assert state is not None
     assert west[0] not in state.zones
     assert all(z.startswith("use1") for z in state.zones)
+
+
+def test_a_job_whose_policy_holds_nothing_waits_for_spot_rather_than_start_on_demand(
+    session, clock, submit, monkeypatch
+):
+    # market_now's reading of the policy, whose own decisions test_policy checks: spot is
+    # believed there, the policy holds nothing this tick (its plan would rather wait); the
+    # job waits asking for spot, as the simulated broker, not on its admission plan's market
+    job = submit()
+    planning = get_planning()
+    state = policy_state(planning, session, job, None, clock.now(), 0.1)
+    assert state is not None and any(state.spot_obtainable)
+    monkeypatch.setattr(policy, "decide", lambda state: policy.CONTINUE)
+    assert market_now(planning, session, job, clock.now(), tick_hours=0.1) == "wait"
+    monkeypatch.setattr(policy, "decide", lambda state: policy.ON_DEMAND)
+    assert market_now(planning, session, job, clock.now(), tick_hours=0.1) == "on_demand"
