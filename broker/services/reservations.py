@@ -19,6 +19,7 @@ import numpy as np
 from sqlmodel import Session
 
 from broker import clock
+from broker.core.job_status import is_terminal
 from broker.core.offers import OfferTable
 from broker.core.planner import Plan, PlanRequest
 from broker.core.reservation import RESERVE_FACTOR, reservation
@@ -27,6 +28,7 @@ from broker.db.models import Job
 from broker.services.billing import MIN_BILLED_SECONDS
 from broker.services.job_spec import JobSpec
 from broker.services.ledger import job_reserved, job_spent, lock_team, reserve, team_budget
+from broker.services.lifecycle import lock_job
 from broker.services.plans import ChosenPlan
 from broker.services.quoting import Planning, job_spec
 from broker.settings import Settings, get_settings
@@ -181,6 +183,11 @@ def hold(session: Session, job: Job, need: int, want: int, now: datetime) -> int
     after it: the top-up is taken only when it reaches ``need``."""
     want = min(want, job.max_cost_micros)
     if want < need:
+        return job_spent(session, job.id) + job_reserved(session, job.id)
+    # The job's row first (as lifecycle takes it, then the team's): a job that ended since
+    # its decision (another worker booked its exit and released its hold) gets no new hold.
+    if is_terminal(lock_job(session, job.id).status):
+        session.rollback()
         return job_spent(session, job.id) + job_reserved(session, job.id)
     team = lock_team(session, job.team_id)
     held = job_spent(session, job.id) + job_reserved(session, job.id)  # under the lock

@@ -5,13 +5,17 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
+from sqlmodel import Session
+
+from broker.core.job_status import JobStatus
 from broker.core.reservation import RESERVE_FACTOR
 from broker.devstack.demo import demo_jobs
-from broker.services import admission
+from broker.services import admission, lifecycle
 from broker.services.job_spec import JobSpec
 from broker.services.ledger import job_reserved
 from broker.services.plans import job_plan
 from broker.services.quoting import get_planning
+from broker.services.reservations import hold
 from broker.services.teams import create_team
 
 
@@ -67,3 +71,16 @@ def test_an_auto_job_planned_on_demand_holds_room_to_move_to_spot(session, submi
     assert job_reserved(session, job.id) == min(job.max_cost_micros, auto_bound)
     on_demand_job = submit(2_000_000_000, market="on_demand", deadline=job.deadline.isoformat())
     assert job_reserved(session, on_demand_job.id) < job_reserved(session, job.id)
+
+
+def test_a_job_that_ended_since_its_decision_gets_no_new_hold(session, db_engine, clock, submit):
+    # steering decides on a job another worker then ends (its exit booked, its hold given
+    # back): the hold the budget net asked for must not be taken for the ended job
+    job = submit()
+    held = job_reserved(session, job.id)
+    session.commit()
+    with Session(db_engine) as other:
+        lifecycle.stop(other, job.id, JobStatus.CANCELLED, "cancelled elsewhere", clock.now())
+        other.commit()
+    assert hold(session, job, held + 1_000_000, held + 2_000_000, clock.now()) == 0
+    assert job_reserved(session, job.id) == 0
