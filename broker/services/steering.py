@@ -111,12 +111,12 @@ def market_now(
     provided a spot plan fits what is left (``Planning.plans_for_job``: the policy's spot
     plans); on-demand when the plan says so, or once waiting any longer would put the
     deadline at risk; "wait" when the policy would hold nothing now. When every zone the
-    job knows has refused or
-    preempted spot lately (``FleetView.refused``, unless an attempt has seen spot there
-    since), the policy weighs waiting for spot against on-demand from the chain's expected
-    outage and the job's slack, as the simulator does: on "wait" the launch asks for spot
-    once a tick, as the simulated broker keeps a spot request open (``Runner.launch``), and
-    the policy takes on-demand while that still meets the deadline.
+    job knows has refused or preempted spot lately (``FleetView.refused``, unless an
+    attempt has seen spot there since), the policy weighs waiting for spot against
+    on-demand from the chain's expected outage and the job's slack, as the simulator does:
+    on "wait" the launch asks for spot once a tick, as the simulated broker keeps a spot
+    request open (``Runner.launch``), and the policy takes on-demand while that still meets
+    the deadline.
     """
     if job.market != "auto":
         return None
